@@ -1,0 +1,41 @@
+"""Shared fixtures. Every test has a hang guard: pytest-timeout (pyproject default 600 s)."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import pytest
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_count = 0
+_lock = threading.Lock()
+
+
+def _listener(event: str, duration: float, **kwargs) -> None:
+    global _count
+    if event == _COMPILE_EVENT:
+        with _lock:
+            _count += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_listener)
+
+
+class CompileCounter:
+    """Counts XLA backend compilations seen by jax.monitoring since the fixture started."""
+
+    def __init__(self) -> None:
+        self.start = _count
+
+    @property
+    def count(self) -> int:
+        return _count - self.start
+
+    def reset(self) -> None:
+        self.start = _count
+
+
+@pytest.fixture
+def compile_counter() -> CompileCounter:
+    return CompileCounter()

@@ -1,0 +1,101 @@
+"""Anakin mode: compiled chunks, vmap over seeds, no recompilation, the host loop."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+import tianji_jax as tj
+
+pytestmark = pytest.mark.timeout(300)
+
+SMALL = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_env_steps=4 * 32 * 6,
+             eval_every_env_steps=4 * 32 * 2, eval_episodes=3)
+
+
+def test_vmapped_seeds_equal_unbatched_runs_and_differ():
+    config = tj.PPOConfig(**SMALL)
+    trainer = tj.make_train(config, updates_per_chunk=3)
+    keys = jax.vmap(jax.random.PRNGKey)(np.arange(3, dtype=np.uint32))
+    states = jax.vmap(trainer.init)(keys)
+    states, metrics = jax.jit(jax.vmap(trainer.chunk))(states)
+    assert metrics["policy_loss"].shape == (3, 3)
+    for i in range(3):
+        single, _ = trainer(trainer.init(jax.random.PRNGKey(i)))
+        jax.tree.map(lambda b, s: np.testing.assert_allclose(np.asarray(b)[i], np.asarray(s), atol=1e-5),
+                     states.params, single.params)
+        assert int(single.update_count) == 3
+    leaves = jax.tree.leaves(states.params)
+    assert any(not np.allclose(np.asarray(x)[0], np.asarray(x)[1]) for x in leaves)
+
+
+def test_chunk_metrics_have_one_entry_per_update():
+    config = tj.PPOConfig(**SMALL)
+    trainer = tj.make_train(config, updates_per_chunk=2)
+    state, metrics = trainer(trainer.init(jax.random.PRNGKey(0)))
+    for k in ("episode_return_sum", "episode_length_sum", "episode_count", "policy_loss", "value_loss",
+              "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+        assert metrics[k].shape == (2,), k
+    # CartPole: reward 1 per step, so returns summed equal lengths summed over ended episodes
+    np.testing.assert_allclose(metrics["episode_return_sum"], metrics["episode_length_sum"])
+    assert int(metrics["episode_count"].sum()) > 0
+
+
+def test_second_train_compiles_nothing(tmp_path, compile_counter):
+    config = tj.PPOConfig(**{**SMALL, "total_env_steps": 4 * 32 * 5})  # 5 updates: chunks of 2 + a tail of 1
+    tj.train(config, run_dir=tmp_path / "a", progress=False)
+    compile_counter.reset()
+    result = tj.train(config, run_dir=tmp_path / "b", progress=False)
+    assert compile_counter.count == 0
+    np.testing.assert_array_equal(result.curve["env_steps"], [256, 512, 640])
+    other_seed = tj.train(config.replace(seed=7, stop_at_return=1e9), progress=False)  # same compiled code
+    assert compile_counter.count == 0
+    assert not np.array_equal(other_seed.curve["episode_return_mean"], result.curve["episode_return_mean"])
+
+
+def test_same_seed_same_curve_and_params():
+    config = tj.PPOConfig(**SMALL)
+    a = tj.train(config, progress=False)
+    b = tj.train(config, progress=False)
+    jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+    np.testing.assert_array_equal(a.curve["episode_return_mean"], b.curve["episode_return_mean"])
+    c = tj.train(config.replace(seed=1), progress=False)
+    assert not np.array_equal(a.curve["episode_return_mean"], c.curve["episode_return_mean"])
+
+
+def test_train_curve_columns_and_early_stop():
+    config = tj.PPOConfig(**SMALL)
+    result = tj.train(config, progress=False)
+    assert set(result.curve) == set(tj.METRIC_COLUMNS)
+    assert result.curve["env_steps"][-1] == config.env_steps
+    assert np.all(np.diff(result.curve["wall_time_s"]) > 0)
+    assert np.all(np.isfinite(result.curve["eval_return_mean"]))
+    stop = tj.train(config.replace(stop_at_return=-1.0), progress=False)  # any return >= -1 stops at once
+    assert stop.stopped_early and len(stop.curve["env_steps"]) == 1
+
+
+def test_evaluation_is_deterministic_given_seed_and_leaves_stats_alone():
+    config = tj.PPOConfig(**{**SMALL, "normalize_observations": True})
+    result = tj.train(config, progress=False)
+    before = jax.tree.map(np.asarray, result.state.obs_rms)
+    e1 = tj.evaluate(config, result.state, num_episodes=5, seed=3)
+    e2 = tj.evaluate(config, result.state, num_episodes=5, seed=3)
+    np.testing.assert_array_equal(e1["returns"], e2["returns"])
+    assert e1["returns"].shape == (5,) and math.isfinite(e1.mean)
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, result.state.obs_rms))
+    assert float(result.state.obs_rms.count) > 1.0  # statistics were actually collected in training
+    with pytest.raises(ValueError, match="num_episodes"):
+        tj.evaluate(config, result.state, num_episodes=0)
+
+
+def test_continuous_actions_run_and_are_clipped_for_the_env():
+    config = tj.PPOConfig(**{**SMALL, "env": "gymnax:Pendulum-v1", "normalize_observations": True,
+                             "scale_rewards": True})
+    trainer = tj.make_train(config, updates_per_chunk=1)
+    assert trainer.continuous
+    clipped = np.asarray(trainer.env_action(np.array([[-5.0], [0.5], [9.0]], np.float32)))
+    np.testing.assert_array_equal(clipped, [[-2.0], [0.5], [2.0]])
+    state, metrics = trainer(trainer.init(jax.random.PRNGKey(0)))
+    assert np.all(np.isfinite(np.asarray(metrics["policy_loss"])))
+    assert float(state.reward_scaler.rms.count) > 1.0

@@ -1,0 +1,193 @@
+"""The ``tianji`` command: exit codes and messages for bad input, ``--help`` listing every config
+field, flags reaching PPOConfig, and one end-to-end run writing a complete run directory."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import tianji_jax
+import tianji_jax.training
+from tianji_jax import PPOConfig
+from tianji_jax.cli import main
+
+pytestmark = pytest.mark.timeout(300)
+
+FIELDS = [f.name for f in dataclasses.fields(PPOConfig)]
+
+
+def _exit_code(argv: list[str]) -> int:
+    """``main``'s exit status, whether returned or raised as SystemExit (tyro's parse errors and
+    ``--help`` exit through SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Replace the training loop: records the config ``tianji train`` would run."""
+    seen = []
+
+    def fake_train(config, *, run_dir=None, progress=None, callback=None):
+        seen.append({"config": config, "run_dir": run_dir, "progress": progress})
+        curve = {c: np.array([float(config.env_steps)]) for c in tianji_jax.METRIC_COLUMNS}
+        return tianji_jax.TrainResult(config=config, state=None, curve=curve, run_dir=run_dir)
+
+    monkeypatch.setattr(tianji_jax.training, "train", fake_train)
+    return seen
+
+
+# ---- bad input: exit status 2 and a message naming the field -------------------------------------
+@pytest.mark.parametrize("args, field", [
+    (["--env", "CartPol-v1"], "CartPol-v1"),
+    (["--env", "gymnax:CartPol-v1"], "CartPole-v1"),  # the closest id is suggested
+    (["--env", "foo:CartPole-v1"], "backend"),
+    (["--gamma", "1.5"], "gamma"),
+    (["--gae-lambda", "-0.1"], "gae_lambda"),
+    (["--learning-rate", "0"], "learning_rate"),
+    (["--learning-rate", "nan"], "learning_rate"),
+    (["--num-minibatches", "3"], "num_minibatches"),
+    (["--num-envs", "0"], "num_envs"),
+    (["--total-env-steps", "10"], "total_env_steps"),
+    (["--seed", "-1"], "seed"),
+    (["--hidden-sizes", "64", "0"], "hidden_sizes"),
+    (["--clip-eps", "0"], "clip_eps"),
+    (["--max-grad-norm", "-1"], "max_grad_norm"),
+    (["--stop-at-return", "100", "--eval-episodes", "0"], "stop_at_return"),
+])
+def test_bad_config_exits_2_naming_field(args, field, capsys, no_training):
+    code = main(["train", *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tianji train: error: ")
+    assert field in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1  # one line
+    assert no_training == []  # nothing ran
+
+
+def test_unknown_command_exits_2(capsys):
+    assert main(["fit", "--gamma", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'fit'" in err
+    assert "train" in err
+
+
+def test_no_command_exits_2_with_usage(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr()
+    assert "usage: tianji" in out.out + out.err
+
+
+def test_top_level_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    assert "train" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--num-envs", "abc"], "--num-envs"),
+    (["--activation", "gelu"], "--activation"),
+    (["--no-such-flag", "1"], "--no-such-flag"),
+])
+def test_unparsable_flag_exits_2(args, flag, capsys, no_training):
+    assert _exit_code(["train", *args]) == 2
+    assert flag in capsys.readouterr().err
+    assert no_training == []
+
+
+# ---- --help ---------------------------------------------------------------------------------------
+def test_train_help_shows_every_config_field(capsys):
+    assert _exit_code(["train", "--help"]) in (0, None)  # tyro raises SystemExit(0)
+    out = capsys.readouterr().out
+    missing = [f for f in FIELDS if f"--{f.replace('_', '-')}" not in out]
+    assert missing == []
+    for flag in ("--run-dir", "--progress", "--algo", "--runtime"):
+        assert flag in out
+
+
+# ---- flags reach the config ------------------------------------------------------------------------
+def test_flags_reach_config(tmp_path, capsys, no_training):
+    code = main(["train", "--env", "gymnax:Pendulum-v1", "--seed", "7", "--total-env-steps", "2048",
+                 "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "8", "--gamma", "0.9",
+                 "--hidden-sizes", "32", "16", "--activation", "relu", "--anneal-lr", "False",
+                 "--stop-at-return", "-200", "--run-dir", str(tmp_path / "run"), "--progress", "False"])
+    assert code == 0
+    (call,) = no_training
+    config = call["config"]
+    assert config == PPOConfig(env="gymnax:Pendulum-v1", seed=7, total_env_steps=2048, num_envs=4,
+                               num_steps=32, num_minibatches=8, gamma=0.9, hidden_sizes=(32, 16),
+                               activation="relu", anneal_lr=False, stop_at_return=-200.0)
+    assert str(call["run_dir"]) == str(tmp_path / "run")
+    assert call["progress"] is False
+    out = capsys.readouterr().out
+    assert config.describe() in out
+    assert "done: 2048 env steps" in out
+
+
+def test_defaults_match_python_api(no_training):
+    assert main(["train", "--progress", "False"]) == 0
+    (call,) = no_training
+    assert call["config"] == PPOConfig()
+    assert call["run_dir"] is not None and "CartPole-v1" in str(call["run_dir"])
+
+
+# ---- end to end -----------------------------------------------------------------------------------
+def test_end_to_end_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tianji_jax.cli", "train", "--env", "gymnax:CartPole-v1",
+           "--total-env-steps", "4096", "--eval-every-env-steps", "2048", "--run-dir", str(run_dir),
+           "--progress", "False"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 4096 env steps" in proc.stdout
+    assert f"run directory: {run_dir}" in proc.stdout
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["env"] == "gymnax:CartPole-v1"
+    assert config["total_env_steps"] == 4096
+    assert config["derived"]["num_updates"] == 4  # 4096 // (8 envs * 128 steps)
+    assert config["derived"]["batch_size"] == 1024
+    assert config["derived"]["env_steps"] == 4096
+    assert config["derived"]["updates_per_chunk"] == 2
+    assert set(FIELDS) <= set(config)
+
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    for key in ("packages", "command_line", "devices", "xla_flags"):
+        assert key in prov, key
+    assert prov["packages"]["jax"] == jax.__version__
+    assert prov["packages"]["tianji-jax"] == tianji_jax.__version__
+    assert "train" in prov["command_line"] and "--total-env-steps" in prov["command_line"]
+    assert isinstance(prov["devices"], list) and len(prov["devices"]) >= 1
+    assert isinstance(prov["xla_flags"], str)
+
+    with open(run_dir / "metrics.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        columns = reader.fieldnames
+        rows = list(reader)
+    for col in ("env_steps", "wall_time_s", "episode_return_mean", "eval_return_mean"):
+        assert col in columns, col
+    assert len(rows) == 2
+    assert [int(float(r["env_steps"])) for r in rows] == [2048, 4096]
+    times = [float(r["wall_time_s"]) for r in rows]
+    assert 0 < times[0] < times[1]
+    for r in rows:
+        assert math.isfinite(float(r["episode_return_mean"]))  # CartPole episodes end within 2048 steps
+        ret = float(r["eval_return_mean"])
+        assert 1 <= ret <= 500  # CartPole returns lie in [1, 500]
+
+    params = tianji_jax.load_params(run_dir / "final_params")
+    leaves = jax.tree_util.tree_leaves(params)
+    assert leaves
+    assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in leaves)
+    shapes = {tuple(np.shape(leaf)) for leaf in leaves}
+    assert (4, 64) in shapes  # first layer: CartPole obs (4,) -> 64 hidden units

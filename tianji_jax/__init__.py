@@ -1,0 +1,22 @@
+"""tianji_jax: highly parallel deep-RL training in JAX (TianJi, AAAI 2025).
+
+Public API::
+
+    import tianji_jax as tj
+    config = tj.PPOConfig(env="gymnax:CartPole-v1", total_env_steps=500_000)
+    result = tj.train(config, run_dir="runs/cartpole")      # host loop over compiled chunks
+    trainer = tj.make_train(config)                        # the compiled chunk itself
+    tj.evaluate(config, result.state, num_episodes=10)
+"""
+
+from tianji_jax.config import PPOConfig
+from tianji_jax.evaluation import EvalResult
+from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, make_train
+from tianji_jax.training import METRIC_COLUMNS, TrainResult, evaluate, load_params, train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PPOConfig", "make_train", "train", "evaluate", "load_params", "TrainResult", "PPOTrainState", "PPOAnakin",
+    "EvalResult", "METRIC_COLUMNS", "__version__",
+]

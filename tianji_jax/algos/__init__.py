@@ -1,0 +1,1 @@
+"""Pure algorithm math (losses, advantage estimators, distributions, normalisation)."""

@@ -1,0 +1,68 @@
+"""Running statistics for observation normalisation and reward scaling, as pytrees.
+
+Running mean/variance use the parallel update of Chan et al. (1979), as in OpenAI baselines'
+``RunningMeanStd``; reward scaling divides by the running std of the discounted return, as in
+gym's ``NormalizeReward`` (Engstrom et al. 2020, "Implementation Matters in Deep Policy Gradients").
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = ["RunningMeanStd", "RewardScaler", "CLIP"]
+
+CLIP = 10.0
+"""Normalised observations and scaled rewards are clipped to ``[-CLIP, CLIP]``."""
+_EPS = 1e-8
+
+
+@struct.dataclass
+class RunningMeanStd:
+    """Mean ``(*shape)``, variance ``(*shape)`` (float32) and sample count (float32 scalar)."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def create(cls, shape: tuple[int, ...]) -> "RunningMeanStd":
+        """Mean 0, variance 1, count 1e-4 (a tiny prior so the first update dominates)."""
+        return cls(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.asarray(1e-4, jnp.float32))
+
+    def update(self, x: jax.Array) -> "RunningMeanStd":
+        """Fold in a batch ``x`` shaped ``(B, *shape)``."""
+        x = x.astype(jnp.float32)
+        b_mean, b_var, b_count = jnp.mean(x, axis=0), jnp.var(x, axis=0), jnp.asarray(x.shape[0], jnp.float32)
+        delta = b_mean - self.mean
+        tot = self.count + b_count
+        mean = self.mean + delta * b_count / tot
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
+        return RunningMeanStd(mean, m2 / tot, tot)
+
+    def normalize(self, x: jax.Array) -> jax.Array:
+        """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``."""
+        return jnp.clip((x.astype(jnp.float32) - self.mean) / jnp.sqrt(self.var + _EPS), -CLIP, CLIP)
+
+
+@struct.dataclass
+class RewardScaler:
+    """Per-env discounted return ``(N,)`` float32 and the running statistics of it (scalar)."""
+
+    returns: jax.Array
+    rms: RunningMeanStd
+
+    @classmethod
+    def create(cls, num_envs: int) -> "RewardScaler":
+        return cls(jnp.zeros((num_envs,), jnp.float32), RunningMeanStd.create(()))
+
+    def scale(self, reward: jax.Array, done: jax.Array, gamma: float) -> tuple["RewardScaler", jax.Array]:
+        """Scale one step's rewards ``(N,)``; ``done`` ``(N,)`` bool ends the discounted sums.
+
+        Returns ``(new_scaler, clip(reward / sqrt(var_return + 1e-8), -CLIP, CLIP))``.
+        """
+        returns = self.returns * gamma + reward
+        rms = self.rms.update(returns)
+        scaled = jnp.clip(reward / jnp.sqrt(rms.var + _EPS), -CLIP, CLIP)
+        return RewardScaler(jnp.where(done, 0.0, returns), rms), scaled

@@ -1,0 +1,218 @@
+"""PPO math as pure functions over pytrees: GAE, the clipped-surrogate loss, and one update.
+
+Sources: Schulman et al. 2017 ("Proximal Policy Optimization Algorithms", eq. 7 and 9);
+GAE from Schulman et al. 2016 ("High-Dimensional Continuous Control Using Generalized Advantage
+Estimation", eq. 16); implementation details (advantage normalisation per minibatch, value
+clipping, global-norm clipping, annealing) from Huang et al. 2022 ("The 37 Implementation
+Details of PPO").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from tianji_jax.algos import distributions
+
+__all__ = ["gae", "PPOBatch", "ppo_loss", "ppo_update", "make_optimizer"]
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    last_value: jax.Array,
+    final_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over a rollout, with separate termination and truncation.
+
+    Time runs along axis 0. With ``next_v[t] = values[t+1]`` (``last_value`` for the last step),
+    replaced by ``final_values[t]`` where ``truncated[t]``::
+
+        delta[t] = r[t] + gamma * (1 - terminated[t]) * next_v[t] - values[t]
+        A[t]     = delta[t] + gamma * lambda * (1 - done[t]) * A[t+1],   done = terminated | truncated
+
+    so a time-limit cut bootstraps from V of the true final observation, a termination does not
+    bootstrap, and where both are set on the same step termination wins.
+
+    Args:
+        rewards: ``(T, ...)`` float rewards.
+        values: ``(T, ...)`` V(s_t).
+        last_value: ``(...)`` V of the observation after the last step.
+        final_values: ``(T, ...)`` V of the true final observation of step t (used only where
+            ``truncated``).
+        terminated: ``(T, ...)`` bool.
+        truncated: ``(T, ...)`` bool.
+        gamma: discount in [0, 1].
+        gae_lambda: lambda in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both ``(T, ...)`` float32, ``returns = advantages + values``.
+    """
+    rewards, values, final_values, last_value = (jnp.asarray(x, jnp.float32)
+                                                 for x in (rewards, values, final_values, last_value))
+    terminated = jnp.asarray(terminated, bool)
+    truncated = jnp.asarray(truncated, bool)
+    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    next_values = jnp.where(truncated, final_values, next_values)
+    not_term = 1.0 - terminated.astype(jnp.float32)
+    not_done = 1.0 - (terminated | truncated).astype(jnp.float32)
+    deltas = rewards + gamma * not_term * next_values - values
+
+    def backward(adv_next, xs):
+        delta, nd = xs
+        adv = delta + gamma * gae_lambda * nd * adv_next
+        return adv, adv
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
+    return advantages, advantages + values
+
+
+@struct.dataclass
+class PPOBatch:
+    """A flat batch of ``B`` transitions for the PPO loss.
+
+    Attributes:
+        obs: ``(B, *obs_shape)`` observations as the policy saw them (normalised if enabled).
+        actions: ``(B,)`` int32 or ``(B, A)`` float32 (unclipped samples).
+        log_probs: ``(B,)`` float32 behaviour-policy log-probabilities.
+        values: ``(B,)`` float32 value estimates at acting time (for value clipping).
+        advantages: ``(B,)`` float32.
+        returns: ``(B,)`` float32 value targets.
+    """
+
+    obs: jax.Array
+    actions: jax.Array
+    log_probs: jax.Array
+    values: jax.Array
+    advantages: jax.Array
+    returns: jax.Array
+
+
+def ppo_loss(
+    params: Any,
+    apply_fn: Callable,
+    batch: PPOBatch,
+    *,
+    continuous: bool,
+    clip_eps: float,
+    vf_coef: float,
+    ent_coef: float,
+    clip_value_loss: bool,
+    normalize_advantages: bool,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped-surrogate PPO loss (Schulman et al. 2017, eq. 7 and 9).
+
+    ``loss = -mean(min(r A, clip(r, 1-eps, 1+eps) A)) + vf_coef * 0.5 * mean((V - R)^2)
+    - ent_coef * mean(H)`` with ``r = exp(log pi_theta(a|s) - log pi_behaviour(a|s))``; the value
+    error is the elementwise max with the clipped version when ``clip_value_loss``.
+
+    Args:
+        params: network params for ``apply_fn(params, obs) -> (actor_out, value)``.
+        batch: a :class:`PPOBatch`.
+
+    Returns:
+        ``(loss, metrics)``: scalar float32 loss and a dict of scalars ``policy_loss``,
+        ``value_loss``, ``entropy``, ``approx_kl`` ((r - 1) - log r, Schulman 2020), ``clip_fraction``.
+    """
+    actor_out, value = apply_fn(params, batch.obs)
+    logp = distributions.log_prob(actor_out, batch.actions, continuous)
+    log_ratio = logp - batch.log_probs
+    ratio = jnp.exp(log_ratio)
+    adv = batch.advantages
+    if normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
+    v_err = (value - batch.returns) ** 2
+    if clip_value_loss:
+        v_clipped = batch.values + jnp.clip(value - batch.values, -clip_eps, clip_eps)
+        v_err = jnp.maximum(v_err, (v_clipped - batch.returns) ** 2)
+    v_loss = 0.5 * jnp.mean(v_err)
+    ent = jnp.mean(distributions.entropy(actor_out, continuous))
+    loss = pg_loss + vf_coef * v_loss - ent_coef * ent
+    metrics = {
+        "policy_loss": pg_loss,
+        "value_loss": v_loss,
+        "entropy": ent,
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
+    }
+    return loss, metrics
+
+
+def make_optimizer(learning_rate: float, max_grad_norm: float, anneal_steps: int | None,
+                   gradient_steps_per_update: int) -> optax.GradientTransformation:
+    """Adam (eps 1e-5) after global-norm clipping; the learning rate optionally annealed linearly.
+
+    With ``anneal_steps`` (number of updates) set, the rate is
+    ``lr * (1 - (count // gradient_steps_per_update) / anneal_steps)``: constant within an update,
+    reaching 0 after the last one (PureJaxRL's schedule). The position lives in the optimizer
+    state's step count, so it survives checkpoints.
+    """
+    if anneal_steps is None:
+        lr: Any = learning_rate
+    else:
+        def lr(count):
+            frac = 1.0 - (count // gradient_steps_per_update) / anneal_steps
+            return learning_rate * frac
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(lr, eps=1e-5))
+
+
+def ppo_update(
+    key: jax.Array,
+    params: Any,
+    opt_state: Any,
+    batch: PPOBatch,
+    *,
+    apply_fn: Callable,
+    tx: optax.GradientTransformation,
+    update_epochs: int,
+    num_minibatches: int,
+    loss_kwargs: dict[str, Any],
+    axis_name: str | None = None,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """``update_epochs`` passes of shuffled minibatch SGD over a flat batch of ``B`` transitions.
+
+    Args:
+        key: PRNG key for the per-epoch permutations.
+        params, opt_state: network params and optimizer state.
+        batch: :class:`PPOBatch` with leading axis ``B``, divisible by ``num_minibatches``.
+        apply_fn: ``apply_fn(params, obs) -> (actor_out, value)``.
+        tx: the optax optimizer (see :func:`make_optimizer`).
+        loss_kwargs: keyword arguments of :func:`ppo_loss` besides params/apply_fn/batch.
+        axis_name: when set, gradients and metrics are averaged over this mapped axis
+            (data-parallel learners).
+
+    Returns:
+        ``(params, opt_state, metrics)``: metrics are scalars averaged over all gradient steps,
+        plus ``grad_norm`` (global norm before clipping).
+    """
+    b = batch.advantages.shape[0]
+    grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, **loss_kwargs), has_aux=True)
+
+    def minibatch_step(carry, mb):
+        params, opt_state = carry
+        (_, metrics), grads = grad_fn(params, mb)
+        if axis_name is not None:
+            grads = jax.lax.pmean(grads, axis_name)
+            metrics = jax.lax.pmean(metrics, axis_name)
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    def epoch(carry, epoch_key):
+        perm = jax.random.permutation(epoch_key, b)
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), batch)
+        minibatches = jax.tree.map(lambda x: x.reshape((num_minibatches, -1, *x.shape[1:])), shuffled)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
+                                                jax.random.split(key, update_epochs))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)

@@ -1,0 +1,8 @@
+"""Env layer: spaces, the Timestep protocol, registry, and the gymnax backend."""
+
+from tianji_jax.envs.core import Timestep
+from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
+from tianji_jax.envs.registry import BACKENDS, EnvSpec, resolve_env
+from tianji_jax.envs.spaces import Box, Discrete
+
+__all__ = ["Timestep", "GymnaxVecEnv", "VecEnvState", "EnvSpec", "resolve_env", "BACKENDS", "Box", "Discrete"]

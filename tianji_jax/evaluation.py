@@ -1,0 +1,101 @@
+"""Deterministic-policy evaluation on separate gymnax envs.
+
+Each of ``M`` evaluation envs plays exactly one episode with the deterministic policy (argmax for
+Discrete, the Gaussian mean for Box) inside one compiled ``while_loop`` that stops when every
+episode has ended or after ``max_steps_in_episode`` steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tianji_jax.algos import distributions
+from tianji_jax.algos.normalization import RunningMeanStd
+from tianji_jax.envs.gymnax_env import GymnaxVecEnv
+from tianji_jax.envs.registry import EnvSpec
+
+__all__ = ["make_evaluate", "EvalResult"]
+
+
+class EvalResult(dict):
+    """``{"returns": (M,) float64, "lengths": (M,) int64}`` plus ``mean``/``std`` properties."""
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self["returns"]))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self["returns"]))
+
+
+_CACHE: dict[Any, Callable] = {}
+_LOCK = threading.Lock()
+
+
+def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episodes: int,
+                  normalize_observations: bool, cache_key: Any = None) -> Callable:
+    """Build a jitted ``evaluate(params, obs_rms, key) -> (returns (M,), lengths (M,))``.
+
+    Args:
+        spec: the resolved gymnax env.
+        apply_fn: ``apply_fn(params, obs) -> (actor_out, value)``.
+        continuous: Gaussian policy (actions clipped to the Box bounds) if True, else categorical.
+        num_episodes: ``M >= 1`` episodes, one per evaluation env.
+        normalize_observations: normalise with ``obs_rms`` (frozen: it is read, never updated).
+        cache_key: hashable key; equal keys return the same compiled function.
+
+    Raises:
+        ValueError: ``num_episodes < 1`` or an env without ``max_steps_in_episode``.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if cache_key is not None:
+        with _LOCK:
+            if cache_key in _CACHE:
+                return _CACHE[cache_key]
+    env = GymnaxVecEnv(spec, num_episodes)
+    max_steps = spec.max_episode_steps
+    if continuous:
+        low = jnp.asarray(spec.action_space.low, jnp.float32)
+        high = jnp.asarray(spec.action_space.high, jnp.float32)
+
+    @jax.jit
+    def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
+        key, k_reset = jax.random.split(key)
+        env_state, obs = env.reset(k_reset)
+        zeros_f = jnp.zeros((num_episodes,), jnp.float32)
+        zeros_i = jnp.zeros((num_episodes,), jnp.int32)
+        finished = jnp.zeros((num_episodes,), bool)
+
+        def cond(carry):
+            _, _, _, finished, _, _, t = carry
+            return (~jnp.all(finished)) & (t <= max_steps)
+
+        def body(carry):
+            env_state, obs, key, finished, returns, lengths, t = carry
+            key, k_step = jax.random.split(key)
+            obs_in = obs_rms.normalize(obs) if normalize_observations else obs
+            actor_out, _ = apply_fn(params, obs_in)
+            action = distributions.mode(actor_out, continuous)
+            if continuous:
+                action = jnp.clip(action, low, high)
+            env_state, ts = env.step(k_step, env_state, action)
+            returns = jnp.where(finished, returns, returns + ts.reward)
+            lengths = jnp.where(finished, lengths, lengths + 1)
+            return env_state, ts.obs, key, finished | ts.done, returns, lengths, t + 1
+
+        carry = (env_state, obs, key, finished, zeros_f, zeros_i, jnp.zeros((), jnp.int32))
+        _, _, _, _, returns, lengths, _ = jax.lax.while_loop(cond, body, carry)
+        return returns, lengths
+
+    if cache_key is not None:
+        with _LOCK:
+            _CACHE.setdefault(cache_key, evaluate)
+            return _CACHE[cache_key]
+    return evaluate

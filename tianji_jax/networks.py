@@ -1,0 +1,64 @@
+"""Flax (linen) networks.
+
+``ActorCritic``: separate actor and critic MLPs with orthogonal initialisation, as in CleanRL's
+``ppo.py`` / PureJaxRL (Huang et al. 2022, "The 37 Implementation Details of PPO").
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ActorCritic"]
+
+_ACT = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+def _dense(features: int, scale: float) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
+                    bias_init=nn.initializers.constant(0.0))
+
+
+class ActorCritic(nn.Module):
+    """Actor-critic MLP.
+
+    Attributes:
+        action_dim: number of actions (Discrete) or action dimensions (Box).
+        continuous: ``False`` -> the actor outputs ``(B, action_dim)`` float32 logits;
+            ``True`` -> it outputs the Gaussian mean ``(B, action_dim)`` and a state-independent
+            ``log_std`` parameter ``(action_dim,)`` (initialised to 0).
+        hidden_sizes: hidden widths of each MLP.
+        activation: ``"tanh"`` or ``"relu"``.
+
+    ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype, flattened and cast to float32)
+    and returns ``(actor_out, value)``: ``actor_out`` is logits ``(B, A)`` or ``(mean (B, A),
+    log_std (A,))``; ``value`` is ``(B,)`` float32.
+    """
+
+    action_dim: int
+    continuous: bool = False
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array):
+        act = _ACT[self.activation]
+        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        a = x
+        for h in self.hidden_sizes:
+            a = act(_dense(h, np.sqrt(2))(a))
+        head = _dense(self.action_dim, 0.01)(a)
+        if self.continuous:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            actor_out = (head, log_std)
+        else:
+            actor_out = head
+        c = x
+        for h in self.hidden_sizes:
+            c = act(_dense(h, np.sqrt(2))(c))
+        value = _dense(1, 1.0)(c)[:, 0]
+        return actor_out, value

@@ -1,0 +1,1 @@
+"""Runtimes: Anakin (fused, on device)."""
