@@ -12,55 +12,52 @@ import threading
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tianji_jax.algos import distributions
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
-from tianji_jax.algos.ppo import PPOBatch, gae, make_optimizer, ppo_update
 from tianji_jax.config import PPOConfig
-from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
-from tianji_jax.networks import ActorCritic
+from tianji_jax.runtime.ppo_parts import ActorState, LearnerState, PPOParts, make_network
 
 __all__ = ["PPOTrainState", "PPOAnakin", "make_train", "make_network"]
 
 
 @struct.dataclass
 class PPOTrainState:
-    """Everything a PPO run needs to continue (one seed; vmapped runs add a leading axis).
+    """Everything an Anakin PPO run needs to continue (one seed; vmapped runs add a leading axis).
 
     Attributes:
-        params: ActorCritic params.
-        opt_state: optax state (holds the step count that positions the lr schedule).
-        env_state: :class:`~tianji_jax.envs.gymnax_env.VecEnvState` of the N training envs.
-        obs: ``(N, *obs_shape)`` current raw observations.
-        key: PRNG key of the run.
-        obs_rms: running observation statistics (updated only if observation normalisation is on).
-        reward_scaler: discounted-return statistics (updated only if reward scaling is on).
-        update_count: int32 scalar, updates done; equals the policy version in Anakin mode.
+        actor: :class:`~tianji_jax.runtime.ppo_parts.ActorState` (envs, observations, actor key,
+            observation/reward statistics).
+        learner: :class:`~tianji_jax.runtime.ppo_parts.LearnerState` (params, optimizer state,
+            learner key, policy version = updates done).
     """
 
-    params: Any
-    opt_state: Any
-    env_state: VecEnvState
-    obs: jax.Array
-    key: jax.Array
-    obs_rms: RunningMeanStd
-    reward_scaler: RewardScaler
-    update_count: jax.Array
+    actor: ActorState
+    learner: LearnerState
+
+    @property
+    def params(self) -> Any:
+        """The network params."""
+        return self.learner.params
+
+    @property
+    def obs_rms(self) -> RunningMeanStd:
+        """Running observation statistics."""
+        return self.actor.obs_rms
+
+    @property
+    def reward_scaler(self) -> RewardScaler:
+        """Discounted-return statistics used for reward scaling."""
+        return self.actor.reward_scaler
+
+    @property
+    def update_count(self) -> jax.Array:
+        """int32 updates done (the policy version)."""
+        return self.learner.version
 
 
-def make_network(config: PPOConfig) -> ActorCritic:
-    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box)."""
-    spec = config.env_spec
-    continuous = spec.action_kind == "continuous"
-    action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
-    return ActorCritic(action_dim=action_dim, continuous=continuous,
-                       hidden_sizes=tuple(config.hidden_sizes), activation=config.activation)
-
-
-class PPOAnakin:
+class PPOAnakin(PPOParts):
     """Compiled Anakin PPO for one config. Build it with :func:`make_train`.
 
     Attributes:
@@ -69,26 +66,16 @@ class PPOAnakin:
         init: jitted ``key -> PPOTrainState``.
         chunk: jitted ``PPOTrainState -> (PPOTrainState, metrics)``; metrics is a dict of ``(U,)``
             arrays: ``episode_return_sum``, ``episode_length_sum`` (float32) and ``episode_count``
-            (int32) over the episodes that ended during each update's rollout, and the loss
-            metrics of :func:`~tianji_jax.algos.ppo.ppo_loss` plus ``grad_norm``.
+            (int32) over the episodes that ended during each update's rollout, ``policy_lag_mean``
+            / ``policy_lag_max`` (always 0 here), and the loss metrics of
+            :func:`~tianji_jax.algos.ppo.ppo_loss` plus ``grad_norm``.
     """
 
     def __init__(self, config: PPOConfig, updates_per_chunk: int):
         if isinstance(updates_per_chunk, bool) or not isinstance(updates_per_chunk, int) or updates_per_chunk < 1:
             raise ValueError(f"updates_per_chunk must be an int >= 1, got {updates_per_chunk!r}")
-        self.config = config
+        super().__init__(config)
         self.updates_per_chunk = updates_per_chunk
-        spec = config.env_spec
-        self.continuous = spec.action_kind == "continuous"
-        self.env = GymnaxVecEnv(spec, config.num_envs)
-        self.network = make_network(config)
-        self.tx = make_optimizer(
-            config.learning_rate, config.max_grad_norm,
-            config.num_updates if config.anneal_lr else None,
-            config.update_epochs * config.num_minibatches)
-        if self.continuous:
-            self._low = jnp.asarray(spec.action_space.low, jnp.float32)
-            self._high = jnp.asarray(spec.action_space.high, jnp.float32)
         self.init = jax.jit(self._init)
         self.chunk = jax.jit(self._chunk)
 
@@ -96,89 +83,14 @@ class PPOAnakin:
         """Run one compiled chunk of ``U`` updates (same as ``self.chunk``)."""
         return self.chunk(state)
 
-    # -- pure pieces ------------------------------------------------------------------------------
-    def apply(self, params: Any, obs: jax.Array):
-        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))``."""
-        return self.network.apply(params, obs)
-
-    def env_action(self, action: jax.Array) -> jax.Array:
-        """The action sent to the env: clipped to the Box bounds for continuous actions."""
-        return jnp.clip(action, self._low, self._high) if self.continuous else action
-
     def _init(self, key: jax.Array) -> PPOTrainState:
-        cfg = self.config
-        key, k_net, k_env = jax.random.split(key, 3)
-        env_state, obs = self.env.reset(k_env)
-        params = self.network.init(k_net, obs)
-        return PPOTrainState(
-            params=params,
-            opt_state=self.tx.init(params),
-            env_state=env_state,
-            obs=obs,
-            key=key,
-            obs_rms=RunningMeanStd.create(self.env.observation_space.shape),
-            reward_scaler=RewardScaler.create(cfg.num_envs),
-            update_count=jnp.zeros((), jnp.int32),
-        )
-
-    def _rollout(self, state: PPOTrainState):
-        cfg = self.config
-
-        def step(carry, _):
-            env_state, obs, key, obs_rms, scaler = carry
-            key, k_act, k_env = jax.random.split(key, 3)
-            if cfg.normalize_observations:
-                obs_rms = obs_rms.update(obs)
-                obs_in = obs_rms.normalize(obs)
-            else:
-                obs_in = obs
-            actor_out, value = self.apply(state.params, obs_in)
-            action = distributions.sample(k_act, actor_out, self.continuous)
-            log_prob = distributions.log_prob(actor_out, action, self.continuous)
-            env_state, ts = self.env.step(k_env, env_state, self.env_action(action))
-            reward = ts.reward
-            if cfg.scale_rewards:
-                scaler, reward = scaler.scale(reward, ts.done, cfg.gamma)
-            final_obs = obs_rms.normalize(ts.final_obs) if cfg.normalize_observations else ts.final_obs
-            transition = {
-                "obs": obs_in, "action": action, "log_prob": log_prob, "value": value, "reward": reward,
-                "terminated": ts.terminated, "truncated": ts.truncated, "final_obs": final_obs,
-                "episode_return": ts.episode_return, "episode_length": ts.episode_length, "done": ts.done,
-            }
-            return (env_state, ts.obs, key, obs_rms, scaler), transition
-
-        carry = (state.env_state, state.obs, state.key, state.obs_rms, state.reward_scaler)
-        (env_state, obs, key, obs_rms, scaler), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
-        return state.replace(env_state=env_state, obs=obs, key=key, obs_rms=obs_rms, reward_scaler=scaler), traj
+        k_actor, k_learner = self.split_init_key(key)
+        return PPOTrainState(self.init_actor(k_actor), self.init_learner(k_learner))
 
     def _update(self, state: PPOTrainState, _):
-        cfg = self.config
-        state, traj = self._rollout(state)
-        last_obs = state.obs_rms.normalize(state.obs) if cfg.normalize_observations else state.obs
-        _, last_value = self.apply(state.params, last_obs)
-        t, n = cfg.num_steps, cfg.num_envs
-        flat_final = traj["final_obs"].reshape((t * n, *traj["final_obs"].shape[2:]))
-        _, final_values = self.apply(state.params, flat_final)
-        advantages, returns = gae(traj["reward"], traj["value"], last_value, final_values.reshape((t, n)),
-                                  traj["terminated"], traj["truncated"], cfg.gamma, cfg.gae_lambda)
-        flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
-        batch = PPOBatch(obs=flat(traj["obs"]), actions=flat(traj["action"]), log_probs=flat(traj["log_prob"]),
-                         values=flat(traj["value"]), advantages=flat(advantages), returns=flat(returns))
-        key, k_update = jax.random.split(state.key)
-        params, opt_state, loss_metrics = ppo_update(
-            k_update, state.params, state.opt_state, batch, apply_fn=self.apply, tx=self.tx,
-            update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
-            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
-                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
-                             normalize_advantages=cfg.normalize_advantages))
-        metrics = {
-            "episode_return_sum": jnp.sum(traj["episode_return"]),
-            "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
-            "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
-            **loss_metrics,
-        }
-        state = state.replace(params=params, opt_state=opt_state, key=key, update_count=state.update_count + 1)
-        return state, metrics
+        actor, traj = self.rollout(state.learner.params, state.learner.version, state.actor)
+        learner, metrics = self.learn(state.learner, traj)
+        return PPOTrainState(actor, learner), metrics
 
     def _chunk(self, state: PPOTrainState):
         return jax.lax.scan(self._update, state, None, length=self.updates_per_chunk)

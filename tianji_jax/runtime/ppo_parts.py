@@ -1,0 +1,190 @@
+"""The two halves of PPO that every runtime composes: the actor's rollout and the learner's update.
+
+Anakin fuses them in one compiled loop; the async runtime runs them on different devices and
+threads. Both use these same functions, so the ``sync`` schedule reproduces Anakin exactly.
+The actor and the learner own separate PRNG streams (``ActorState.key``, ``LearnerState.key``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from tianji_jax.algos import distributions
+from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
+from tianji_jax.algos.ppo import PPOBatch, gae, make_optimizer, ppo_update
+from tianji_jax.config import PPOConfig
+from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
+from tianji_jax.networks import ActorCritic
+
+__all__ = ["ActorState", "LearnerState", "PPOParts", "make_network"]
+
+
+@struct.dataclass
+class ActorState:
+    """What an actor owns.
+
+    Attributes:
+        env_state: :class:`~tianji_jax.envs.gymnax_env.VecEnvState` of its ``N`` envs.
+        obs: ``(N, *obs_shape)`` current raw observations.
+        key: the actor's PRNG key (action sampling, env steps).
+        obs_rms: running observation statistics (updated only with observation normalisation).
+        reward_scaler: discounted-return statistics (updated only with reward scaling).
+    """
+
+    env_state: VecEnvState
+    obs: jax.Array
+    key: jax.Array
+    obs_rms: RunningMeanStd
+    reward_scaler: RewardScaler
+
+
+@struct.dataclass
+class LearnerState:
+    """What the learner owns.
+
+    Attributes:
+        params: ActorCritic params.
+        opt_state: optax state (its step count positions the learning-rate schedule).
+        key: the learner's PRNG key (minibatch permutations).
+        version: int32 scalar policy version = number of parameter publications (one per update).
+    """
+
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    version: jax.Array
+
+
+def make_network(config: PPOConfig) -> ActorCritic:
+    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box)."""
+    spec = config.env_spec
+    continuous = spec.action_kind == "continuous"
+    action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
+    return ActorCritic(action_dim=action_dim, continuous=continuous,
+                       hidden_sizes=tuple(config.hidden_sizes), activation=config.activation)
+
+
+class PPOParts:
+    """Pure PPO actor and learner functions for one config (not jitted here; callers jit).
+
+    Trajectory (``traj``) produced by :meth:`rollout`, a dict with leading axes ``(T, N)``:
+    ``obs`` (as the policy saw it), ``action``, ``log_prob`` (behaviour), ``value`` (behaviour),
+    ``reward`` (scaled if enabled), ``terminated``, ``truncated``, ``done`` (bool), ``final_obs``,
+    ``episode_return`` / ``episode_length`` (of episodes that ended, else 0) and ``policy_version``
+    (int32, the version the actor acted with); plus ``last_obs`` ``(N, *obs_shape)``.
+    """
+
+    def __init__(self, config: PPOConfig):
+        self.config = config
+        spec = config.env_spec
+        self.continuous = spec.action_kind == "continuous"
+        self.env = GymnaxVecEnv(spec, config.num_envs)
+        self.network = make_network(config)
+        self.tx = make_optimizer(
+            config.learning_rate, config.max_grad_norm,
+            config.num_updates if config.anneal_lr else None,
+            config.update_epochs * config.num_minibatches)
+        if self.continuous:
+            self._low = jnp.asarray(spec.action_space.low, jnp.float32)
+            self._high = jnp.asarray(spec.action_space.high, jnp.float32)
+
+    def apply(self, params: Any, obs: jax.Array):
+        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))``."""
+        return self.network.apply(params, obs)
+
+    def env_action(self, action: jax.Array) -> jax.Array:
+        """The action sent to the env: clipped to the Box bounds for continuous actions."""
+        return jnp.clip(action, self._low, self._high) if self.continuous else action
+
+    def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(actor_key, learner_key)`` from a run's seed key."""
+        k_actor, k_learner = jax.random.split(key)
+        return k_actor, k_learner
+
+    def init_actor(self, key: jax.Array) -> ActorState:
+        """Reset the actor's envs; ``key`` becomes its PRNG stream."""
+        key, k_env = jax.random.split(key)
+        env_state, obs = self.env.reset(k_env)
+        return ActorState(env_state, obs, key, RunningMeanStd.create(self.env.observation_space.shape),
+                          RewardScaler.create(self.config.num_envs))
+
+    def init_learner(self, key: jax.Array) -> LearnerState:
+        """Initialise params and optimizer; version 0."""
+        key, k_net = jax.random.split(key)
+        dummy = jnp.zeros((1, *self.env.observation_space.shape), jnp.float32)
+        params = self.network.init(k_net, dummy)
+        return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
+
+    def rollout(self, params: Any, version: jax.Array, actor: ActorState) -> tuple[ActorState, dict]:
+        """``T = num_steps`` steps of the actor's ``N`` envs with ``params`` (stamped ``version``)."""
+        cfg = self.config
+
+        def step(carry, _):
+            env_state, obs, key, obs_rms, scaler = carry
+            key, k_act, k_env = jax.random.split(key, 3)
+            if cfg.normalize_observations:
+                obs_rms = obs_rms.update(obs)
+                obs_in = obs_rms.normalize(obs)
+            else:
+                obs_in = obs
+            actor_out, value = self.apply(params, obs_in)
+            action = distributions.sample(k_act, actor_out, self.continuous)
+            log_prob = distributions.log_prob(actor_out, action, self.continuous)
+            env_state, ts = self.env.step(k_env, env_state, self.env_action(action))
+            reward = ts.reward
+            if cfg.scale_rewards:
+                scaler, reward = scaler.scale(reward, ts.done, cfg.gamma)
+            final_obs = obs_rms.normalize(ts.final_obs) if cfg.normalize_observations else ts.final_obs
+            transition = {
+                "obs": obs_in, "action": action, "log_prob": log_prob, "value": value, "reward": reward,
+                "terminated": ts.terminated, "truncated": ts.truncated, "done": ts.done, "final_obs": final_obs,
+                "episode_return": ts.episode_return, "episode_length": ts.episode_length,
+                "policy_version": jnp.full(ts.reward.shape, version, jnp.int32),
+            }
+            return (env_state, ts.obs, key, obs_rms, scaler), transition
+
+        carry = (actor.env_state, actor.obs, actor.key, actor.obs_rms, actor.reward_scaler)
+        (env_state, obs, key, obs_rms, scaler), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
+        traj["last_obs"] = obs_rms.normalize(obs) if cfg.normalize_observations else obs
+        return ActorState(env_state, obs, key, obs_rms, scaler), traj
+
+    def learn(self, learner: LearnerState, traj: dict) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """One PPO update on a trajectory ``(T, N)``; the version is incremented (one publication).
+
+        V is recomputed with the learner's current params before GAE; the ratio uses the stored
+        behaviour log-probs, so stale data (lag > 0) is corrected by PPO's clipped ratio.
+        Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
+        ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
+        """
+        cfg = self.config
+        t, n = traj["reward"].shape
+        flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
+        _, values = self.apply(learner.params, flat(traj["obs"]))
+        _, last_value = self.apply(learner.params, traj["last_obs"])
+        _, final_values = self.apply(learner.params, flat(traj["final_obs"]))
+        values = values.reshape((t, n))
+        advantages, returns = gae(traj["reward"], values, last_value, final_values.reshape((t, n)),
+                                  traj["terminated"], traj["truncated"], cfg.gamma, cfg.gae_lambda)
+        batch = PPOBatch(obs=flat(traj["obs"]), actions=flat(traj["action"]), log_probs=flat(traj["log_prob"]),
+                         values=flat(values), advantages=flat(advantages), returns=flat(returns))
+        key, k_update = jax.random.split(learner.key)
+        params, opt_state, loss_metrics = ppo_update(
+            k_update, learner.params, learner.opt_state, batch, apply_fn=self.apply, tx=self.tx,
+            update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
+            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
+                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
+                             normalize_advantages=cfg.normalize_advantages))
+        lag = learner.version - traj["policy_version"]
+        metrics = {
+            "episode_return_sum": jnp.sum(traj["episode_return"]),
+            "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
+            "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
+            "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)),
+            "policy_lag_max": jnp.max(lag),
+            **loss_metrics,
+        }
+        return LearnerState(params, opt_state, key, learner.version + 1), metrics
