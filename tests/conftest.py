@@ -20,6 +20,8 @@ def _listener(event: str, duration: float, **kwargs) -> None:
 
 
 jax.monitoring.register_event_duration_secs_listener(_listener)
+# Two CPU devices, as the CLI provides: async actors and learner get different devices.
+jax.config.update("jax_num_cpu_devices", 2)
 
 
 class CompileCounter:

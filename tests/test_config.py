@@ -122,6 +122,14 @@ BAD_VALUES = [
     ("stop_at_return", NAN, ValueError, "stop_at_return"),
     ("stop_at_return", INF, ValueError, "stop_at_return"),
     ("stop_at_return", "500", TypeError, "stop_at_return"),
+    ("runtime", "sebulba", ValueError, "runtime"),
+    ("schedule", "lockstep", ValueError, "schedule"),
+    ("max_policy_lag", -1, ValueError, "max_policy_lag"),
+    ("max_policy_lag", 1.5, TypeError, "max_policy_lag"),
+    ("num_actors", 0, ValueError, "num_actors"),
+    ("queue_batches", 1, ValueError, "queue_batches"),
+    ("stall_timeout_s", 0.0, ValueError, "stall_timeout_s"),
+    ("stall_timeout_s", NAN, ValueError, "stall_timeout_s"),
     # env
     ("env", "gymnax:CartPol-v1", ValueError, r"env=.*CartPol-v1"),
     ("env", "foo:CartPole-v1", ValueError, r"env=.*backend 'foo'"),
@@ -138,6 +146,16 @@ def _id(case):
     field, value = case[0], case[1]
     text = type(value).__name__ if field == "env" and not isinstance(value, str) else repr(value)
     return f"{field}={text}"
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(schedule="sync", max_policy_lag=1), "max_policy_lag"),
+    (dict(schedule="one_step", max_policy_lag=0), "max_policy_lag"),
+    (dict(runtime="async", schedule="sync", num_actors=2), "num_actors"),
+])
+def test_incompatible_async_combinations(changes, field):
+    with pytest.raises(ValueError, match=field):
+        PPOConfig(**{**BASE, **changes})
 
 
 def test_every_validated_field_has_a_bad_value():

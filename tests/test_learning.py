@@ -32,3 +32,15 @@ def test_ppo_solves_gymnax_pendulum_within_2m_steps():
     print(np.c_[curve["env_steps"], curve["eval_return_mean"]])
     assert result.stopped_early and curve["eval_return_mean"][-1] >= -300.0
     assert curve["env_steps"][-1] <= budget
+
+
+@pytest.mark.parametrize("schedule", ["relaxed", "one_step"])
+def test_async_ppo_solves_gymnax_cartpole(tmp_path, schedule):
+    budget = 500_000
+    config = tj.PPOConfig(seed=0, runtime="async", schedule=schedule, total_env_steps=budget)
+    tj.train(config, run_dir=tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    print(df[["env_steps", "episode_return_mean", "eval_return_mean", "policy_lag_max", "dropped_stale"]].to_string())
+    hits = df[df["episode_return_mean"] >= 475]
+    assert len(hits) > 0 and hits["env_steps"].iloc[0] <= budget
+    assert (df["policy_lag_max"] <= config.policy_lag_bound).all()

@@ -33,8 +33,6 @@ class TrainArgs:
     config: Annotated[PPOConfig, tyro.conf.arg(name="")]
     algo: Literal["ppo"] = "ppo"
     """Algorithm."""
-    runtime: Literal["anakin"] = "anakin"
-    """Runtime: 'anakin' fuses acting and learning on one device (gymnax envs)."""
     run_dir: Path | None = None
     """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
     progress: bool = True
@@ -61,7 +59,11 @@ def _train(argv: list[str]) -> int:
     run_dir = args.run_dir or _default_run_dir(args)
     print(config.describe(), flush=True)
     print(f"run directory: {run_dir}", flush=True)
-    result = train(config, run_dir=run_dir, progress=args.progress)
+    try:
+        result = train(config, run_dir=run_dir, progress=args.progress)
+    except FileExistsError as err:
+        print(f"tianji train: error: {err}", file=sys.stderr)
+        return 2
     curve = result.curve
     last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
     print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s; "
@@ -71,9 +73,21 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
+def _two_cpu_devices() -> None:
+    """Give the CPU platform 2 devices so async actors and learner can sit on different devices
+    (design.md section 3). Only possible before JAX's backend starts; otherwise left as is."""
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", 2)
+    except RuntimeError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tianji``. Returns the process exit status (0 ok, 2 bad usage/config)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _two_cpu_devices()
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

@@ -127,6 +127,20 @@ class PPOConfig:
     """Episodes per evaluation with the deterministic policy; 0 disables evaluation."""
     stop_at_return: float | None = None
     """Stop early once ``eval_return_mean`` reaches this value (needs ``eval_episodes > 0``)."""
+    runtime: Literal["anakin", "async"] = "anakin"
+    """'anakin': acting and learning fused on one device; 'async': actor threads and a learner on
+    different devices, decoupled through the lag-bounded trajectory queue (TianJi mode)."""
+    schedule: Literal["sync", "one_step", "relaxed"] = "relaxed"
+    """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
+    'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag)."""
+    max_policy_lag: int | None = None
+    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed)."""
+    num_actors: int = 1
+    """Async actor threads, each with its own num_envs envs ('sync'/'one_step' need 1)."""
+    queue_batches: int = 2
+    """Trajectories that may wait between actors and learner (>= 2: the rate limiter's deadlock rule)."""
+    stall_timeout_s: float = 60.0
+    """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long."""
 
     def __post_init__(self) -> None:
         _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
@@ -154,6 +168,23 @@ class PPOConfig:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:
                 raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
+        if self.runtime not in ("anakin", "async"):
+            raise ValueError(f"runtime must be one of ('anakin', 'async'), got {self.runtime!r}")
+        if self.schedule not in ("sync", "one_step", "relaxed"):
+            raise ValueError(f"schedule must be one of ('sync', 'one_step', 'relaxed'), got {self.schedule!r}")
+        _check_int("num_actors", self.num_actors, minimum=1)
+        _check_int("queue_batches", self.queue_batches, minimum=2)
+        _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
+        if self.max_policy_lag is not None:
+            _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
+        lag = self.policy_lag_bound
+        if self.schedule == "sync" and lag != 0:
+            raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {lag}")
+        if self.schedule == "one_step" and lag < 1:
+            raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {lag}")
+        if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != 1:
+            raise ValueError(f"num_actors must be 1 for schedule {self.schedule!r}, got {self.num_actors}; "
+                             "use schedule 'relaxed' for several actors")
         if self.batch_size % self.num_minibatches != 0:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
@@ -175,6 +206,13 @@ class PPOConfig:
     def env_spec(self) -> EnvSpec:
         """The resolved environment (backend, id, env object, params, spaces)."""
         return self._env_spec  # type: ignore[attr-defined]
+
+    @property
+    def policy_lag_bound(self) -> int:
+        """K: ``max_policy_lag``, or the schedule's default (sync 0, one_step 1, relaxed 2)."""
+        if self.max_policy_lag is not None:
+            return self.max_policy_lag
+        return {"sync": 0, "one_step": 1, "relaxed": 2}.get(self.schedule, 0)
 
     @property
     def batch_size(self) -> int:
@@ -230,6 +268,8 @@ class PPOConfig:
             f"minibatches of {self.minibatch_size} = {self.num_gradient_steps} gradient steps; "
             f"chunks of {self.updates_per_chunk} updates"
             + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else "")
+            + (f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
+               f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
         )
 
 

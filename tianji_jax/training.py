@@ -24,13 +24,23 @@ __all__ = ["train", "evaluate", "load_params", "TrainResult", "METRIC_COLUMNS"]
 METRIC_COLUMNS = (
     "env_steps", "update", "wall_time_s", "sps", "episode_return_mean", "episode_length_mean", "episodes",
     "eval_return_mean", "eval_return_std", "policy_loss", "value_loss", "entropy", "approx_kl",
-    "clip_fraction", "grad_norm",
+    "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
+    "spi_observed", "limiter_error", "dropped_stale", "actor_wait_frac", "learner_wait_frac", "queue_depth",
+    "rollout_s", "h2d_s", "update_s",
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
 far; ``wall_time_s`` is seconds since ``train`` started; ``sps`` is env steps per second over the
 chunk; ``episode_*`` cover the training episodes that ended during the chunk (empty if none);
 ``eval_*`` are over ``eval_episodes`` deterministic episodes after the chunk (empty if disabled);
-the loss columns are means over the chunk's gradient steps."""
+the loss columns are means over the chunk's gradient steps; ``policy_lag_*`` is the lag of the
+consumed samples as the learner computes it (learner version minus the per-step stamps; 0 in Anakin).
+Async runtime only (empty in Anakin): ``production_sps`` (env steps inserted by actors per second),
+``consumed_sps`` (env steps consumed by the learner per second, epoch reuse counted), ``reuse``
+(``update_epochs``), ``spi_observed`` (samples / inserts of the rate limiter), ``limiter_error``
+(``I*spi - S`` in env steps), ``dropped_stale`` (env steps dropped by the lag gate, cumulative),
+``actor_wait_frac`` / ``learner_wait_frac`` (share of the chunk's wall time spent waiting),
+``queue_depth`` (trajectories waiting), and per-phase seconds within the chunk ``rollout_s``
+(inference + env step), ``h2d_s`` (transfers between devices), ``update_s``."""
 
 
 @dataclass
@@ -124,21 +134,24 @@ def train(
 
     Raises:
         TypeError: ``config`` is not a :class:`PPOConfig`.
+        FileExistsError: ``run_dir`` already holds a run (it is never overwritten).
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
     start = time.perf_counter()
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
-    trainer = make_train(config)
+    trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
     remainder = num_updates % chunk_u
-    tail_trainer = make_train(config, remainder) if remainder else None
+    tail_trainer = make_train(config, remainder) if remainder and config.runtime == "anakin" else None
     evaluator = _evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None
 
     logger = None
     if run_dir is not None:
         run_dir = Path(run_dir)
+        if (run_dir / "metrics.csv").exists():
+            raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new directory")
         run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = {**config.to_dict(), "algo": "ppo", "runtime": "anakin",
+        resolved = {**config.to_dict(), "algo": "ppo",
                     "derived": {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
                                 "num_updates": num_updates, "env_steps": config.env_steps,
                                 "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps},
@@ -150,47 +163,42 @@ def train(
     show = sys.stderr.isatty() if progress is None else progress
     display = ProgressDisplay(config.env_steps, show, description=f"PPO {config.env_spec.name}")
     rows: list[dict[str, float]] = []
-    state = trainer.init(jax.random.PRNGKey(config.seed))
-    updates_done, chunk_index, stopped = 0, 0, False
+    stopped = False
+
+    def emit(row: dict[str, float], params: Any, obs_rms: Any) -> bool:
+        """Evaluate, log one row; True when early stopping triggers."""
+        chunk_index = len(rows)
+        if evaluator is not None:
+            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), chunk_index)
+            returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
+            row["eval_return_mean"] = float(np.mean(returns))
+            row["eval_return_std"] = float(np.std(returns))
+        row["wall_time_s"] = time.perf_counter() - start
+        rows.append(row)
+        if logger is not None:
+            logger.write(row)
+        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"])
+        if callback is not None:
+            callback(dict(row))
+        return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
+
     try:
-        while updates_done < num_updates:
-            fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
-            t0 = time.perf_counter()
-            state, metrics = fn(state)
-            m = host_metrics(metrics)
-            chunk_time = time.perf_counter() - t0
-            n_upd = int(m["episode_count"].shape[0])
-            updates_done += n_upd
-            env_steps = updates_done * config.batch_size
-            count = int(m["episode_count"].sum())
-            row: dict[str, float] = {
-                "env_steps": env_steps,
-                "update": updates_done,
-                "sps": n_upd * config.batch_size / chunk_time,
-                "episode_return_mean": _mean(float(m["episode_return_sum"].sum()), count),
-                "episode_length_mean": _mean(float(m["episode_length_sum"].sum()), count),
-                "episodes": count,
-                "eval_return_mean": math.nan,
-                "eval_return_std": math.nan,
-            }
-            for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
-                row[k] = float(np.mean(m[k]))
-            if evaluator is not None:
-                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), chunk_index)
-                returns, _ = jax.device_get(evaluator(state.params, state.obs_rms, eval_key))
-                row["eval_return_mean"] = float(np.mean(returns))
-                row["eval_return_std"] = float(np.std(returns))
-            row["wall_time_s"] = time.perf_counter() - start
-            rows.append(row)
-            if logger is not None:
-                logger.write(row)
-            display.update(env_steps, row["sps"], row["episode_return_mean"], row["eval_return_mean"])
-            if callback is not None:
-                callback(dict(row))
-            chunk_index += 1
-            if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
-                stopped = True
-                break
+        if config.runtime == "async":
+            state, stopped = _run_async(config, emit)
+        else:
+            state = trainer.init(jax.random.PRNGKey(config.seed))
+            updates_done = 0
+            while updates_done < num_updates:
+                fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
+                t0 = time.perf_counter()
+                state, metrics = fn(state)
+                m = host_metrics(metrics)
+                n_upd = int(m["episode_count"].shape[0])
+                updates_done += n_upd
+                row = _base_row(config, m, updates_done, n_upd * config.batch_size / (time.perf_counter() - t0))
+                if emit(row, state.params, state.obs_rms):
+                    stopped = True
+                    break
     finally:
         display.close()
         if logger is not None:
@@ -199,6 +207,77 @@ def train(
         _save_params(run_dir / "final_params", state.params)
     curve = {c: np.asarray([r.get(c, math.nan) for r in rows], np.float64) for c in METRIC_COLUMNS}
     return TrainResult(config=config, state=state, curve=curve, run_dir=run_dir, stopped_early=stopped)
+
+
+def _base_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps: float) -> dict[str, float]:
+    """A metrics row from the per-update metrics of a chunk (each an array over its updates)."""
+    count = int(m["episode_count"].sum())
+    row: dict[str, float] = {
+        "env_steps": updates_done * config.batch_size,
+        "update": updates_done,
+        "sps": sps,
+        "episode_return_mean": _mean(float(m["episode_return_sum"].sum()), count),
+        "episode_length_mean": _mean(float(m["episode_length_sum"].sum()), count),
+        "episodes": count,
+        "eval_return_mean": math.nan,
+        "eval_return_std": math.nan,
+        "policy_lag_mean": float(np.mean(m["policy_lag_mean"])),
+        "policy_lag_max": float(np.max(m["policy_lag_max"])),
+    }
+    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+        row[k] = float(np.mean(m[k]))
+    return row
+
+
+def _run_async(config: PPOConfig, emit: Callable[..., bool]):
+    """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run."""
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    ppo = AsyncPPO(config)
+    print(ppo.describe_placement(), file=sys.stderr, flush=True)
+    runner, buf, tel = ppo.runner, ppo.runner.buffer, ppo.runner.telemetry
+    pending: list[Any] = []
+    last = {"t": time.perf_counter(), "produced": 0, "consumed": 0, "actor_wait": 0.0, "learner_wait": 0.0,
+            **{k: 0.0 for k in ppo.timers}}
+    stopped = [False]
+
+    def on_update(version: int, metrics: Any, item: Any) -> bool:
+        pending.append(metrics)
+        if version % config.updates_per_chunk and version != config.num_updates:
+            return False
+        m = host_metrics(jax.tree.map(lambda *xs: jax.numpy.stack(xs), *pending))
+        pending.clear()
+        now = time.perf_counter()
+        dt = now - last["t"]
+        produced, consumed = buf.produced, buf.consumed
+        row = _base_row(config, m, version, (consumed - last["consumed"]) / dt)
+        with tel.lock:
+            actor_wait, learner_wait = tel.actor_wait_s, tel.learner_wait_s
+        with ppo.timers_lock:
+            timers = dict(ppo.timers)
+        row.update({
+            "production_sps": (produced - last["produced"]) / dt,
+            "consumed_sps": (consumed - last["consumed"]) * config.update_epochs / dt,
+            "reuse": float(config.update_epochs),
+            "spi_observed": buf.limiter.sampled / max(buf.limiter.inserted, 1),
+            "limiter_error": buf.limiter.error,
+            "dropped_stale": buf.dropped_stale,
+            "actor_wait_frac": (actor_wait - last["actor_wait"]) / (dt * config.num_actors),
+            "learner_wait_frac": (learner_wait - last["learner_wait"]) / dt,
+            "queue_depth": buf.depth(),
+            **{k: timers[k] - last[k] for k in timers},
+        })
+        last.update(t=now, produced=produced, consumed=consumed, actor_wait=actor_wait, learner_wait=learner_wait,
+                    **timers)
+        if emit(row, ppo.learner_state.params, ppo.obs_rms):
+            stopped[0] = True
+            return True
+        return False
+
+    runner.run(on_update)
+    from tianji_jax.runtime.anakin import PPOTrainState
+
+    return PPOTrainState(ppo._actor_states[0], ppo.learner_state), stopped[0]
 
 
 def _save_params(path: Path, params: Any) -> None:
@@ -211,16 +290,20 @@ def _save_params(path: Path, params: Any) -> None:
 
 
 def load_params(path: str | Path, like: Any = None) -> Any:
-    """Load params saved by :func:`train` from ``run_dir/final_params``.
+    """Load params saved by :func:`train`: ``path`` is the run directory or its ``final_params``.
+
+    Only the network params are saved; observation statistics are not (yet) part of it.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: no saved params at ``path`` (or ``path/final_params``).
     """
     import orbax.checkpoint as ocp
 
     path = Path(path).resolve()
-    if not path.exists():
-        raise FileNotFoundError(f"no saved params at {path}")
+    if (path / "final_params").is_dir():
+        path = path / "final_params"
+    if not (path / "_METADATA").exists() and not (path / "_CHECKPOINT_METADATA").exists():
+        raise FileNotFoundError(f"no saved params at {path} (expected a run directory or its final_params/)")
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(path, like) if like is not None else ckptr.restore(path)
 

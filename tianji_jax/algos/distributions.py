@@ -6,12 +6,14 @@ and state-independent ``log_std`` ``(A,)`` (Schulman et al. 2017, section 6.1).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 __all__ = ["sample", "log_prob", "entropy", "mode"]
 
-_LOG_2PI = jnp.log(2.0 * jnp.pi)
+_LOG_2PI = math.log(2.0 * math.pi)  # a Python float: importing must not start JAX's backend
 
 
 def sample(key: jax.Array, actor_out, continuous: bool) -> jax.Array:

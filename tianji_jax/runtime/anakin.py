@@ -102,8 +102,9 @@ _CACHE_LOCK = threading.Lock()
 
 def compile_key(config: PPOConfig) -> PPOConfig:
     """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``)
-    set to their defaults: equal keys share compiled functions."""
-    return config.replace(seed=0, stop_at_return=None)
+    (and the async-only fields) set to their defaults: equal keys share compiled functions."""
+    return config.replace(seed=0, stop_at_return=None, runtime="anakin", schedule="relaxed", max_policy_lag=None,
+                          num_actors=1, queue_batches=2, stall_timeout_s=60.0)
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:

@@ -1,0 +1,194 @@
+"""The async TianJi runtime: schedules, lag contract, rate limiter, lifecycle, equivalence with Anakin."""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tianji_jax as tj
+from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
+from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.param_store import ParamStore
+
+pytestmark = pytest.mark.timeout(300)
+
+SMALL = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_env_steps=4 * 32 * 6,
+             eval_every_env_steps=4 * 32 * 2, eval_episodes=0)
+
+
+# ---- fake actors / learner (sleeps instead of training) -----------------------------------------
+def fake_runner(*, actor_sleeps, learner_sleep, num_updates, schedule="relaxed", lag=2, store=None,
+                stall=20.0, queue_batches=2):
+    logs = [[] for _ in actor_sleeps]
+    learner_lags = []
+
+    def make_actor(i, d):
+        def act(params, version):
+            time.sleep(d() if callable(d) else d)
+            logs[i].append(version)
+            return {"actor": i, "version": version, "n": len(logs[i]) - 1}, 10
+        return act
+
+    def learn(item, version):
+        time.sleep(learner_sleep() if callable(learner_sleep) else learner_sleep)
+        # the learner's own lag computation, from the actor's own record of the version it used
+        acted_with = logs[item.data["actor"]][item.data["n"]]
+        learner_lags.append((version - item.version, version - acted_with))
+        return {"v": version + 1}, {}
+
+    runner = AsyncRunner(actors=[make_actor(i, d) for i, d in enumerate(actor_sleeps)], learn=learn,
+                         initial_params={"v": 0}, num_updates=num_updates, item_steps=10, schedule=schedule,
+                         max_policy_lag=lag, queue_batches=queue_batches, stall_timeout_s=stall, store=store)
+    return runner, logs, learner_lags
+
+
+def test_relaxed_overlaps_acting_and_learning():
+    d, n = 0.05, 20
+    runner, _, _ = fake_runner(actor_sleeps=[d], learner_sleep=d, num_updates=n)
+    t0 = time.perf_counter()
+    assert runner.run(lambda *a: False) == n
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.5 * n * d, f"{elapsed:.2f}s is not concurrent (lock-step would take {2 * n * d:.2f}s)"
+
+
+def test_sync_schedule_is_lock_step_with_zero_lag():
+    runner, logs, lags = fake_runner(actor_sleeps=[0.0], learner_sleep=0.0, num_updates=8, schedule="sync", lag=0)
+    runner.run(lambda *a: False)
+    assert [l for l, _ in lags] == [0] * 8 and logs[0][:8] == list(range(8))
+
+
+def test_one_step_schedule_uses_previous_params():
+    runner, logs, lags = fake_runner(actor_sleeps=[0.0], learner_sleep=0.01, num_updates=8, schedule="one_step",
+                                     lag=1)
+    runner.run(lambda *a: False)
+    assert logs[0][:8] == [0, 0, 1, 2, 3, 4, 5, 6]  # rollout k+1 uses params k
+    assert [l for l, _ in lags] == [0, 1, 1, 1, 1, 1, 1, 1]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(k=st.sampled_from([0, 1, 2, 4]), seed=st.integers(0, 2**16))
+def test_lag_contract_with_a_straggler(k, seed):
+    rng = np.random.default_rng(seed)
+    fast = lambda: float(rng.uniform(0.0, 0.004))  # noqa: E731
+    slow = lambda: float(rng.uniform(0.02, 0.03))  # noqa: E731 - 5x+ slower than the rest
+    runner, logs, lags = fake_runner(actor_sleeps=[fast, fast, slow], learner_sleep=fast, num_updates=40, lag=k,
+                                     queue_batches=3)
+    errors = []
+
+    def check(version, metrics, item):
+        err = runner.buffer.limiter.error
+        if not (0 <= err <= runner.buffer.limiter.max_diff):
+            errors.append(err)
+        return False
+
+    runner.run(check)
+    assert lags and all(0 <= a <= k and a == b for a, b in lags)  # learner's lag == actor-log lag, <= K
+    assert not errors
+    buf = runner.buffer
+    assert buf.produced == buf.consumed + buf.dropped_stale + buf.resident
+    if k == 0:
+        assert buf.dropped_stale > 0  # with three actors and K=0, the straggler's stale work is dropped
+
+
+def test_rate_limiter_rejects_a_deadlocking_band():
+    with pytest.raises(ValueError, match="band too narrow"):
+        RateLimiter(spi=1.0, min_size=10, min_diff=0, max_diff=15, batch_items=10, chunk_items=10)
+    with pytest.raises(ValueError, match="queue_batches"):
+        tj.PPOConfig(**SMALL, runtime="async", queue_batches=1)
+
+
+def test_stalled_learner_blocks_actors_which_resume():
+    gate = threading.Event()
+
+    def learner_sleep():
+        gate.wait(5.0)
+        return 0.0
+
+    runner, logs, _ = fake_runner(actor_sleeps=[0.0], learner_sleep=learner_sleep, num_updates=5, queue_batches=2)
+    thread = threading.Thread(target=lambda: runner.run(lambda *a: False))
+    thread.start()
+    time.sleep(0.5)
+    produced_while_stalled = len(logs[0])
+    time.sleep(0.5)
+    assert len(logs[0]) == produced_while_stalled <= 5  # blocked by the limiter, not spinning
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive() and len(logs[0]) >= 5
+
+
+class LosingStore(ParamStore):
+    def publish(self, params, version):  # fault: publications never arrive
+        pass
+
+
+def test_lost_publishes_stop_the_run_with_versions_named():
+    runner, _, _ = fake_runner(actor_sleeps=[0.0], learner_sleep=0.0, num_updates=10, schedule="sync", lag=0,
+                               store=LosingStore({"v": 0}), stall=5.0)
+    t0 = time.perf_counter()
+    with pytest.raises(StallError, match=r"version"):
+        runner.run(lambda *a: False)
+    assert time.perf_counter() - t0 < 5.0 + 5.0
+
+
+def test_actor_exception_reaches_caller_with_traceback():
+    def bad_actor(params, version):
+        raise ZeroDivisionError("boom in actor")
+
+    runner = AsyncRunner(actors=[bad_actor], learn=lambda item, v: (None, {}), initial_params={}, num_updates=5,
+                         item_steps=10, schedule="relaxed", max_policy_lag=1, stall_timeout_s=30)
+    t0 = time.perf_counter()
+    with pytest.raises(ZeroDivisionError, match="boom in actor") as info:
+        runner.run(lambda *a: False)
+    assert time.perf_counter() - t0 < 10
+    assert any(tb.name == "bad_actor" for tb in info.traceback)  # the original frame is kept
+    assert "tianji thread 'actor-0'" in str(getattr(info.value, "__notes__", ""))
+    assert not any(t.is_alive() for t in runner._threads)
+
+
+def test_early_stop_shuts_down_within_5s_with_full_queue():
+    runner, _, _ = fake_runner(actor_sleeps=[0.0, 0.0], learner_sleep=0.05, num_updates=1000)
+    t0 = time.perf_counter()
+    runner.run(lambda version, m, item: version >= 3)
+    assert time.perf_counter() - t0 < 5 and not any(t.is_alive() for t in runner._threads)
+
+
+# ---- PPO on the async runtime ---------------------------------------------------------------------
+def test_async_sync_schedule_equals_anakin_and_is_reproducible():
+    assert len(jax.devices()) == 2
+    config = tj.PPOConfig(**{**SMALL, "total_env_steps": 4 * 32 * 3})
+    anakin = tj.train(config, progress=False)
+    a1 = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+    a2 = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5),
+                 anakin.params, a1.params)
+    jax.tree.map(np.testing.assert_array_equal, a1.params, a2.params)
+    assert int(a1.state.update_count) == 3
+    assert a1.curve["policy_lag_max"].max() == 0
+
+
+def test_async_relaxed_telemetry_and_placement(capsys):
+    config = tj.PPOConfig(**{**SMALL, "runtime": "async", "schedule": "relaxed", "max_policy_lag": 1})
+    result = tj.train(config, progress=False)
+    assert "placement: actors on" in capsys.readouterr().err
+    c = result.curve
+    assert np.all(c["policy_lag_max"] <= 1)
+    assert np.all(c["production_sps"] > 0) and np.all(c["consumed_sps"] > 0)
+    assert np.all(c["reuse"] == config.update_epochs)
+    assert np.all((c["actor_wait_frac"] >= 0) & (c["learner_wait_frac"] >= 0))
+    assert np.all(np.isfinite(c["update_s"]))
+
+
+def test_async_learner_state_lives_on_the_learner_device():
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    ppo = AsyncPPO(tj.PPOConfig(**{**SMALL, "runtime": "async"}))
+    assert ppo.actor_device != ppo.learner_device
+    for leaf in jax.tree.leaves(ppo.learner_state):
+        assert leaf.devices() == {ppo.learner_device}
+    for leaf in jax.tree.leaves(ppo._actor_states[0]):
+        assert leaf.devices() == {ppo.actor_device}

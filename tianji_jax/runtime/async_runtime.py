@@ -1,0 +1,245 @@
+"""The TianJi runtime plumbing: actor threads, one learner thread, a ParamStore and a TrajectoryQueue.
+
+No math here: actors and the learner are callables. Components talk only through the queue
+(trajectories), the ParamStore (params) and an event queue to the caller (metrics); there is no
+global barrier. Every wait has a timeout and sees the stop event; a failure in any thread stops
+the run and is re-raised in the caller with its original traceback.
+
+Schedules (design.md section 4):
+    ``sync``      rollout k uses params version k (the actor waits for it): lag 0, bit-reproducible.
+    ``one_step``  rollout k+1 uses params version k, deterministically (Cleanba/Sebulba): lag <= 1.
+    ``relaxed``   actors use the newest params they find and never wait for the learner, except when
+                  the rate limiter says the queue is full; the lag gate drops samples older than K.
+``sync`` and ``one_step`` take one actor (their determinism depends on it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
+from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.runtime.param_store import ParamStore
+
+__all__ = ["AsyncRunner", "StallError", "SCHEDULES", "Telemetry"]
+
+SCHEDULES = ("sync", "one_step", "relaxed")
+
+ActFn = Callable[[Any, int], tuple[Any, int]]
+"""``act(params, version) -> (data, num_steps)``: one rollout with ``params`` (stamped ``version``)."""
+LearnFn = Callable[[TrajectoryItem, int], tuple[Any, Any]]
+"""``learn(item, learner_version) -> (new_params, metrics)``: one update; the runner publishes
+``new_params`` as version ``learner_version + 1``."""
+
+
+class StallError(RuntimeError):
+    """A component received no fresh data or params for ``stall_timeout_s``."""
+
+
+@dataclass
+class Telemetry:
+    """Cumulative seconds waited and worked per side (read by the caller for wait fractions)."""
+
+    actor_wait_s: float = 0.0
+    actor_busy_s: float = 0.0
+    learner_wait_s: float = 0.0
+    learner_busy_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + seconds)
+
+
+class AsyncRunner:
+    """Runs actors and a learner concurrently until ``num_updates`` updates are done.
+
+    Args:
+        actors: one :data:`ActFn` per actor thread.
+        learn: the :data:`LearnFn`.
+        initial_params: params published as version 0.
+        num_updates: learner updates to run (>= 1).
+        item_steps: env steps per trajectory (``T * N``); the learner consumes one item per update.
+        schedule: one of :data:`SCHEDULES`.
+        max_policy_lag: ``K``; ``sync`` needs 0, ``one_step`` needs >= 1.
+        queue_batches: trajectories that may wait in the queue (>= 2, the deadlock rule with ``spi=1``).
+        stall_timeout_s: a learner without fresh data, or an actor without the params it waits
+            for, this long stops the run with :class:`StallError`.
+        store: a :class:`ParamStore` to use (tests inject faulty ones); default a new one.
+
+    Raises:
+        ValueError: bad schedule/lag/actor-count combination, or a rate-limiter band that could
+            deadlock, before any thread starts.
+    """
+
+    def __init__(self, *, actors: list[ActFn], learn: LearnFn, initial_params: Any, num_updates: int,
+                 item_steps: int, schedule: str = "relaxed", max_policy_lag: int = 1, queue_batches: int = 2,
+                 stall_timeout_s: float = 60.0, store: ParamStore | None = None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if not actors:
+            raise ValueError("actors: need at least one actor")
+        if schedule in ("sync", "one_step") and len(actors) != 1:
+            raise ValueError(f"num_actors must be 1 for schedule {schedule!r} (its determinism needs one actor); "
+                             f"got {len(actors)}. Use schedule 'relaxed' for several actors")
+        if schedule == "sync" and max_policy_lag != 0:
+            raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {max_policy_lag}")
+        if schedule == "one_step" and max_policy_lag < 1:
+            raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {max_policy_lag}")
+        if stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
+        limiter = RateLimiter(spi=1.0, min_size=item_steps, min_diff=0, max_diff=queue_batches * item_steps,
+                              batch_items=item_steps, chunk_items=item_steps)
+        self.buffer = TrajectoryQueue(limiter, max_policy_lag)
+        self.store = store if store is not None else ParamStore(initial_params, 0)
+        self.actors, self.learn = actors, learn
+        self.num_updates, self.item_steps = int(num_updates), int(item_steps)
+        self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
+        self.stop = threading.Event()
+        self.events: queue.Queue = queue.Queue()
+        self.telemetry = Telemetry()
+        self.actor_logs: list[list[int]] = [[] for _ in actors]  # versions each actor acted with
+        self.last_consumed_version = -1
+        self._threads: list[threading.Thread] = []
+
+    # -- threads ------------------------------------------------------------------------------------
+    def _guard(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+                exc.add_note(f"raised in tianji thread {name!r}")
+                self.events.put(("error", name, exc, traceback.format_exc()))
+                self.stop.set()
+                self.buffer.wake()
+        return run
+
+    def _wait_params(self, actor_id: int, min_version: int, have: int) -> tuple[Any, int] | None:
+        t0 = time.perf_counter()
+        got = self.store.wait_for(min_version, self.stall_timeout_s, self.stop)
+        self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+        if got is None and not self.stop.is_set():
+            raise StallError(
+                f"actor {actor_id} received no params of version >= {min_version} for {self.stall_timeout_s:g} s; "
+                f"last published version {self.store.version}, last seen by this actor {have}")
+        return got
+
+    def _insert(self, item: TrajectoryItem) -> bool:
+        t0 = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                if self.buffer.put(item, 0.5, self.stop):
+                    return True
+            return False
+        finally:
+            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+
+    def _actor_loop(self, actor_id: int) -> None:
+        act = self.actors[actor_id]
+        params, version = self.store.latest()
+        pending: TrajectoryItem | None = None
+        r = 0
+        while not self.stop.is_set():
+            if self.schedule == "one_step" and r >= 1:
+                # fetch params r-1 *before* inserting rollout r-1: the learner cannot be past r-1 yet
+                got = self._wait_params(actor_id, r - 1, version)
+                if got is None:
+                    return
+                params, version = got
+                if not self._insert(pending):
+                    return
+            else:
+                if pending is not None and not self._insert(pending):
+                    return
+                if self.schedule == "sync" and r >= 1:
+                    got = self._wait_params(actor_id, r, version)
+                    if got is None:
+                        return
+                    params, version = got
+                elif self.schedule == "relaxed":
+                    params, version = self.store.latest()
+            t0 = time.perf_counter()
+            data, steps = act(params, version)
+            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            self.actor_logs[actor_id].append(version)
+            pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)
+            r += 1
+
+    def _learner_loop(self) -> None:
+        version = self.store.version
+        last_fresh = time.monotonic()
+        while version < self.num_updates and not self.stop.is_set():
+            t0 = time.perf_counter()
+            item = self.buffer.get(version, 0.5, self.stop)
+            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            if item is None:
+                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
+                    raise StallError(
+                        f"learner received no fresh data for {self.stall_timeout_s:g} s; last published version "
+                        f"{version}, last consumed sample version {self.last_consumed_version}")
+                continue
+            last_fresh = time.monotonic()
+            self.last_consumed_version = item.version
+            t0 = time.perf_counter()
+            params, metrics = self.learn(item, version)
+            self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+            version += 1
+            self.store.publish(params, version)
+            self.events.put(("update", version, metrics, item))
+        self.events.put(("done", version, None, None))
+
+    # -- caller ------------------------------------------------------------------------------------
+    def run(self, on_update: Callable[[int, Any, TrajectoryItem], bool], join_timeout_s: float = 5.0) -> int:
+        """Start the threads and call ``on_update(version, metrics, item)`` in the caller's thread
+        after every update; it returns True to stop early. Returns the number of updates done.
+
+        Raises:
+            The original exception of a failed thread (with a note naming the thread), or
+            :class:`StallError`; RuntimeError if a thread does not stop within ``join_timeout_s``.
+        """
+        names = [f"actor-{i}" for i in range(len(self.actors))] + ["learner"]
+        targets = [lambda i=i: self._actor_loop(i) for i in range(len(self.actors))] + [self._learner_loop]
+        self._threads = [threading.Thread(target=self._guard(n, t), name=f"tianji-{n}", daemon=True)
+                         for n, t in zip(names, targets)]
+        for t in self._threads:
+            t.start()
+        done = 0
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    kind, version, payload, item = self.events.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if kind == "error":
+                    error = payload
+                    break
+                if kind == "done":
+                    done = version
+                    break
+                done = version
+                if on_update(version, payload, item):
+                    break
+        finally:
+            self.stop.set()
+            self.buffer.wake()
+            deadline = time.monotonic() + join_timeout_s
+            for t in self._threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            alive = [t.name for t in self._threads if t.is_alive()]
+        if error is None:  # a thread may have failed while we were shutting down
+            while not self.events.empty():
+                kind, _, payload, _ = self.events.get_nowait()
+                if kind == "error":
+                    error = payload
+                    break
+        if error is not None:
+            raise error
+        if alive:
+            raise RuntimeError(f"threads did not stop within {join_timeout_s} s: {alive}")
+        return done
