@@ -91,8 +91,38 @@ def test_lag_contract_with_a_straggler(k, seed):
     assert not errors
     buf = runner.buffer
     assert buf.produced == buf.consumed + buf.dropped_stale + buf.resident
-    if k == 0:
-        assert buf.dropped_stale > 0  # with three actors and K=0, the straggler's stale work is dropped
+    if k == 0:  # admission control serialises the actors at K=0: nothing they make is wasted
+        assert buf.dropped_stale == 0
+
+
+def _queue(k, batches=4):
+    return TrajectoryQueue(RateLimiter(spi=1.0, min_size=10, min_diff=0, max_diff=batches * 10, batch_items=10,
+                                       chunk_items=10), k)
+
+
+def test_gate_drops_stale_items_anywhere_in_the_queue_and_counts_them():
+    q, stop = _queue(k=1), threading.Event()
+    for version in (5, 3, 5, 4):  # a straggler (3) behind a fresh item: the head is not the only candidate
+        assert q.put(TrajectoryItem(data=version, version=version, actor_id=0, num_steps=10), 1.0, stop)
+    got = [q.get(5, 0.1, stop), q.get(5, 0.1, stop), q.get(5, 0.1, stop)]
+    assert [it.data for it in got[:3]] == [5, 5, 4] and q.get(5, 0.05, stop) is None
+    assert q.dropped_stale == 10 and q.limiter.dropped == 10 and q.limiter.error == 0
+    assert q.produced == q.consumed + q.dropped_stale + q.resident
+
+
+def test_admission_counts_resident_admitted_and_in_flight_items():
+    q, stop = _queue(k=2), threading.Event()
+    assert all(q.admit(10, 0.1, stop) for _ in range(3))  # 0, 1, 2 rollouts ahead: lag <= 2 when consumed
+    assert not q.admit(10, 0.05, stop)  # a fourth would have 3 ahead
+    for _ in range(3):
+        q.put(TrajectoryItem(data=0, version=0, actor_id=0, num_steps=10), 0.0, stop, admitted=True)
+    assert q.get(0, 0.1, stop).version == 0  # 1 in flight + 2 resident = 3 ahead
+    assert not q.admit(10, 0.05, stop)
+    assert q.get(1, 0.1, stop).version == 0  # previous update published; 1 in flight + 1 resident
+    assert q.admit(10, 0.1, stop) and not q.admit(10, 0.05, stop)
+    q.put(TrajectoryItem(data=0, version=2, actor_id=0, num_steps=10), 0.0, stop, admitted=True)
+    with pytest.raises(RuntimeError, match="without a matching admit"):
+        q.put(TrajectoryItem(data=0, version=2, actor_id=0, num_steps=10), 0.0, stop, admitted=True)
 
 
 def test_rate_limiter_rejects_a_deadlocking_band():

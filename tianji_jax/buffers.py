@@ -41,6 +41,14 @@ class TrajectoryQueue:
     their steps leave the limiter's insert count. Accounting invariant, in env steps:
     ``produced == consumed + dropped + resident``.
 
+    Admission control (design.md section 4): :meth:`admit` lets an actor *start* a rollout only if
+    the rollout can still be consumed within ``K``. A rollout begun now with the newest version
+    ``v`` is consumed after everything resident, everything already admitted and the update in
+    flight (if any), each of which publishes one version, so its lag will be at most
+    ``resident + admitted + learning``; :meth:`admit` waits until that is ``<= K`` and the limiter
+    has room, then reserves the room. With one actor nothing admitted is ever dropped; with
+    several, admitted rollouts can finish out of order, and the gate in :meth:`get` still holds.
+
     Args:
         limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` (PPO: ``spi=1``).
         max_policy_lag: ``K >= 0``.
@@ -57,13 +65,41 @@ class TrajectoryQueue:
         self.produced = 0
         self.consumed = 0
         self.dropped_stale = 0
+        self._admitted_items = 0
+        self._admitted_steps = 0
+        self._learning = False
 
     # -- actor side ---------------------------------------------------------------------------------
-    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event) -> bool:
-        """Insert ``item`` once the limiter allows; False on timeout or stop (nothing inserted)."""
+    def _can_admit(self, num_steps: int) -> bool:
+        ahead = len(self._items) + self._admitted_items + int(self._learning)
+        return ahead <= self.max_policy_lag and self.limiter.can_insert(self._admitted_steps + num_steps)
+
+    def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
+        """Wait until a rollout of ``num_steps`` env steps started now would be consumed within
+        ``K`` and fit the limiter, then reserve its room; False on timeout or stop (nothing
+        reserved). Pair every True with ``put(..., admitted=True)``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while not self.limiter.can_insert(item.num_steps):
+            while not self._can_admit(num_steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._cond.wait(min(left, 0.1))
+            self._admitted_items += 1
+            self._admitted_steps += num_steps
+            return True
+
+    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
+        """Insert ``item`` once the limiter allows; False on timeout or stop (nothing inserted).
+        ``admitted=True``: the room was reserved by :meth:`admit`; the insert never waits."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if admitted:
+                if self._admitted_items < 1:
+                    raise RuntimeError("put(admitted=True) without a matching admit()")
+                self._admitted_items -= 1
+                self._admitted_steps = max(0, self._admitted_steps - item.num_steps)
+            while not admitted and not self.limiter.can_insert(item.num_steps):
                 left = deadline - time.monotonic()
                 if left <= 0 or stop.is_set():
                     return False
@@ -90,15 +126,23 @@ class TrajectoryQueue:
             self._cond.notify_all()
 
     def get(self, learner_version: int, timeout_s: float, stop: threading.Event) -> TrajectoryItem | None:
-        """Oldest item with lag ``<= K`` at ``learner_version``; None on timeout or stop."""
+        """Oldest item with lag ``<= K`` at ``learner_version``; None on timeout or stop.
+
+        Calling ``get`` also tells the queue that the learner's previous update is published (so
+        it no longer counts as in flight for :meth:`admit`); a returned item is in flight until
+        the next call."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            if self._learning:
+                self._learning = False
+                self._cond.notify_all()
             while True:
                 self._drop_stale(learner_version)
                 if self._items and self.limiter.can_sample(self._items[0].num_steps):
                     item = self._items.popleft()
                     self.consumed += item.num_steps
                     self.limiter.record_sample(item.num_steps)
+                    self._learning = True
                     self._cond.notify_all()
                     return item
                 left = deadline - time.monotonic()

@@ -9,7 +9,9 @@ Schedules (design.md section 4):
     ``sync``      rollout k uses params version k (the actor waits for it): lag 0, bit-reproducible.
     ``one_step``  rollout k+1 uses params version k, deterministically (Cleanba/Sebulba): lag <= 1.
     ``relaxed``   actors use the newest params they find and never wait for the learner, except when
-                  the rate limiter says the queue is full; the lag gate drops samples older than K.
+                  a rollout started now could not be consumed within K or the rate limiter says the
+                  queue is full (admission control, :meth:`TrajectoryQueue.admit`); the lag gate
+                  still drops any sample older than K.
 ``sync`` and ``one_step`` take one actor (their determinism depends on it).
 """
 
@@ -139,7 +141,32 @@ class AsyncRunner:
         finally:
             self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
 
+    def _admit(self) -> bool:
+        t0 = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                if self.buffer.admit(self.item_steps, 0.5, self.stop):
+                    return True
+            return False
+        finally:
+            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+
+    def _relaxed_actor_loop(self, actor_id: int) -> None:
+        act = self.actors[actor_id]
+        while not self.stop.is_set():
+            if not self._admit():
+                return
+            params, version = self.store.latest()  # read after admission: the newest there is
+            t0 = time.perf_counter()
+            data, steps = act(params, version)
+            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            self.actor_logs[actor_id].append(version)
+            self.buffer.put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps),
+                            0.0, self.stop, admitted=True)
+
     def _actor_loop(self, actor_id: int) -> None:
+        if self.schedule == "relaxed":
+            return self._relaxed_actor_loop(actor_id)
         act = self.actors[actor_id]
         params, version = self.store.latest()
         pending: TrajectoryItem | None = None
@@ -161,8 +188,6 @@ class AsyncRunner:
                     if got is None:
                         return
                     params, version = got
-                elif self.schedule == "relaxed":
-                    params, version = self.store.latest()
             t0 = time.perf_counter()
             data, steps = act(params, version)
             self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
