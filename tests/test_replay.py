@@ -1,0 +1,273 @@
+"""Replay buffer (tianji_jax.replay): layout, stamps, sampling laws, donation, memory checks.
+
+Observers are independent of the mechanism: every inserted item carries its own insert counter
+and version in its payload (written by the test), and a plain-Python model of a circular buffer
+says what must be resident.
+"""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from tianji_jax import replay
+
+pytestmark = pytest.mark.timeout(120)
+
+CAP = 5  # not a power of two
+EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros((2,), jnp.float32)}
+
+add_j = jax.jit(replay.add, donate_argnums=0)
+sample_j = jax.jit(replay.sample, static_argnames="batch_size")
+sample_p_j = jax.jit(replay.sample_prioritised, static_argnames="batch_size")
+update_j = jax.jit(replay.update_priorities, donate_argnums=0)
+
+
+def items(ids):
+    ids = np.asarray(ids, np.int32)
+    return {"id": jnp.asarray(ids), "obs": jnp.asarray(np.stack([ids, -ids], -1).astype(np.float32))}
+
+
+def test_wraparound_with_capacity_five():
+    state = replay.init(EXAMPLE, CAP)
+    assert state.capacity == CAP
+    assert not bool(replay.can_sample(state, 1))
+    state = add_j(state, items([0, 1, 2]), 0)
+    np.testing.assert_array_equal(state.data["id"][:3], [0, 1, 2])
+    np.testing.assert_array_equal(state.insert_index, [0, 1, 2, -1, -1])
+    assert int(state.size) == 3 and int(state.write_pos) == 3
+    state = add_j(state, items([3, 4, 5, 6]), 1)  # wraps: 3, 4 -> slots 3, 4; 5, 6 -> slots 0, 1
+    np.testing.assert_array_equal(state.data["id"], [5, 6, 2, 3, 4])
+    np.testing.assert_array_equal(state.data["obs"][:, 1], [-5, -6, -2, -3, -4])
+    np.testing.assert_array_equal(state.insert_index, [5, 6, 2, 3, 4])
+    np.testing.assert_array_equal(state.policy_version, [1, 1, 0, 1, 1])
+    assert (int(state.size), int(state.write_pos), int(state.num_inserted)) == (5, 2, 7)
+    assert bool(replay.can_sample(state, 5)) and not bool(replay.can_sample(state, 6))
+
+
+def test_batch_larger_than_capacity_keeps_the_last_items_and_mask_skips():
+    state = replay.init(EXAMPLE, CAP)
+    state = add_j(state, items(np.arange(12)), jnp.arange(12, dtype=jnp.int32) + 100)
+    # 12 items from slot 0: item j would go to slot j % 5; only the last five (7..11) stay
+    np.testing.assert_array_equal(state.data["id"], [10, 11, 7, 8, 9])
+    np.testing.assert_array_equal(state.policy_version, [110, 111, 107, 108, 109])
+    assert (int(state.size), int(state.write_pos), int(state.num_inserted)) == (5, 2, 12)
+
+    state = replay.init(EXAMPLE, CAP)
+    mask = jnp.array([True, False, True, False])
+    state = add_j(state, items([0, 99, 1, 98]), 3, mask)
+    np.testing.assert_array_equal(state.data["id"][:2], [0, 1])
+    np.testing.assert_array_equal(state.insert_index, [0, 1, -1, -1, -1])
+    assert (int(state.size), int(state.write_pos), int(state.num_inserted)) == (2, 2, 2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), max_size=6),
+       versions=st.lists(st.integers(0, 50), min_size=6, max_size=6),
+       td=st.lists(st.sampled_from([0.0, 0.5, 3.0]), min_size=8, max_size=8),
+       seed=st.integers(0, 2**31 - 1))
+def test_never_samples_unwritten_slots_and_keeps_stamps(masks, versions, td, seed):
+    cap = 7
+    state = replay.init(EXAMPLE, cap)
+    model = collections.deque(maxlen=cap)  # (id, version, insert counter) of resident items
+    next_id = counter = 0
+    for step, mask in enumerate(masks):
+        ids = np.arange(next_id, next_id + 3)  # unique payload ids; masked-out ones are skipped
+        state = add_j(state, items(ids), versions[step], jnp.array(mask))
+        for i in ids[np.array(mask, bool)]:
+            model.append((int(i), versions[step], counter))
+            counter += 1
+        next_id += 3
+    resident = {i: (v, c) for i, v, c in model}
+    size = int(state.size)
+    assert size == len(model) and int(state.num_inserted) == counter
+    written = np.asarray(state.insert_index) >= 0
+    assert written.sum() == size and written[:size].all()
+    stored = {int(i): (int(v), int(c)) for i, v, c, w in zip(np.asarray(state.data["id"]),
+                                                             np.asarray(state.policy_version),
+                                                             np.asarray(state.insert_index), written) if w}
+    assert stored == resident  # every resident item, with its stamps, and nothing else
+
+    key_u, key_p = jax.random.split(jax.random.key(seed))
+    s = sample_j(state, key_u, batch_size=16)
+    if size == 0:
+        np.testing.assert_array_equal(s.weights, 0.0)
+        return
+    idx = np.asarray(s.indices)
+    assert ((0 <= idx) & (idx < size)).all()
+    for i, v, c in zip(np.asarray(s.item["id"]), np.asarray(s.policy_version), np.asarray(s.insert_index)):
+        assert resident[int(i)] == (int(v), int(c))
+    np.testing.assert_allclose(s.probs, 1.0 / size)
+    np.testing.assert_array_equal(s.weights, 1.0)
+
+    # prioritised, including written slots whose priority became 0 (eps = 0)
+    s0 = sample_p_j(state, key_u, batch_size=8, beta=0.5)
+    state = update_j(state, s0.indices, jnp.array(td), 1.0, 0.0)
+    s = sample_p_j(state, key_p, batch_size=16, beta=0.5)
+    idx = np.asarray(s.indices)
+    prio = np.asarray(state.priority)
+    assert (prio[size:] == 0).all()
+    if prio.sum() > 0:
+        assert ((idx < size) & (prio[idx] > 0)).all()
+        for i, v, c in zip(np.asarray(s.item["id"]), np.asarray(s.policy_version), np.asarray(s.insert_index)):
+            assert resident[int(i)] == (int(v), int(c))
+        assert ((np.asarray(s.weights) > 0) & (np.asarray(s.weights) <= 1 + 1e-6)).all()
+
+
+def _filled(cap, n, version=0):
+    state = replay.init(EXAMPLE, cap)
+    return add_j(state, items(np.arange(n)), version)
+
+
+def test_prioritised_frequencies_are_proportional():
+    state = _filled(CAP, 4)  # slot 4 never written
+    td = jnp.array([0.5, 1.0, 2.0, 4.0])
+    state = update_j(state, jnp.arange(4), td, 1.0, 0.0)  # alpha 1, eps 0: p = |td|
+    np.testing.assert_allclose(state.priority, [0.5, 1.0, 2.0, 4.0, 0.0])
+    n = 40_000
+    s = sample_p_j(state, jax.random.key(0), batch_size=n, beta=0.0)
+    counts = np.bincount(np.asarray(s.indices), minlength=CAP)
+    assert counts[4] == 0
+    p = np.array([0.5, 1.0, 2.0, 4.0]) / 7.5
+    chi = stats.chisquare(counts[:4], p * n)
+    assert chi.pvalue > 1e-3, (counts, p * n)
+    np.testing.assert_allclose(s.probs, p[np.asarray(s.indices)], rtol=1e-5)
+    np.testing.assert_array_equal(s.weights, 1.0)  # beta = 0
+
+    # alpha = 0.5 and eps > 0: p = (|td| + eps)^0.5
+    state = update_j(state, jnp.arange(4), jnp.array([0.0, 0.99, 3.99, 8.99]), 0.5, 0.01)
+    np.testing.assert_allclose(state.priority[:4], [0.1, 1.0, 2.0, 3.0], rtol=1e-5)
+    s = sample_p_j(state, jax.random.key(1), batch_size=n, beta=0.0)
+    counts = np.bincount(np.asarray(s.indices), minlength=CAP)
+    assert stats.chisquare(counts[:4], np.array([0.1, 1, 2, 3]) / 6.1 * n).pvalue > 1e-3
+    assert counts[4] == 0
+
+
+def test_importance_weights_formula():
+    state = _filled(CAP, 4)
+    state = update_j(state, jnp.arange(4), jnp.array([1.0, 2.0, 3.0, 4.0]), 1.0, 0.0)
+    beta = 0.4
+    s = sample_p_j(state, jax.random.key(3), batch_size=256, beta=beta)
+    p = np.array([1.0, 2.0, 3.0, 4.0])
+    P = p / p.sum()
+    N = 4  # stored items, not capacity
+    w_all = (N * P) ** -beta
+    want = w_all / w_all.max()
+    idx = np.asarray(s.indices)
+    assert set(idx) == {0, 1, 2, 3}
+    np.testing.assert_allclose(s.weights, want[idx], rtol=1e-5)
+    np.testing.assert_allclose(s.probs, P[idx], rtol=1e-5)
+    np.testing.assert_allclose(want, [1.0, 2 ** -0.4, 3 ** -0.4, 4 ** -0.4], rtol=1e-6)
+    # beta = 1: full correction, w = p_min / p_i
+    s = sample_p_j(state, jax.random.key(3), batch_size=64, beta=1.0)
+    np.testing.assert_allclose(s.weights, 1.0 / p[np.asarray(s.indices)], rtol=1e-5)
+
+
+def test_new_items_get_the_max_priority_seen_so_far():
+    state = _filled(CAP, 2)
+    np.testing.assert_allclose(state.priority, [1.0, 1.0, 0, 0, 0])
+    state = update_j(state, jnp.array([0, 1]), jnp.array([3.0, 0.5]), 1.0, 0.0)
+    state = add_j(state, items([2]), 0)
+    np.testing.assert_allclose(state.priority, [3.0, 0.5, 3.0, 0, 0])
+    state = update_j(state, jnp.array([0, 1, 2]), jnp.array([0.1, 0.1, 0.1]), 1.0, 0.0)
+    state = add_j(state, items([3]), 0)  # the max seen so far, not the current max
+    np.testing.assert_allclose(state.priority, [0.1, 0.1, 0.1, 3.0, 0], rtol=1e-6)
+
+
+def test_update_priorities_skips_overwritten_and_unwritten_slots():
+    state = _filled(3, 3)
+    s = sample_p_j(state, jax.random.key(0), batch_size=4, beta=0.5)
+    state = add_j(state, items([3]), 1)  # overwrites slot 0 with a newer item
+    state = update_j(state, s.indices, jnp.full((4,), 9.0), 1.0, 0.0, s.insert_index)
+    prio = np.asarray(state.priority)
+    for i in set(np.asarray(s.indices)):
+        assert prio[i] == (1.0 if i == 0 else 9.0)
+    # an index outside [0, size) never gets a priority, so it can never be drawn
+    state = _filled(CAP, 2)
+    state = update_j(state, jnp.array([3, 4]), jnp.array([5.0, 5.0]), 1.0, 0.0)
+    np.testing.assert_allclose(state.priority, [1.0, 1.0, 0.0, 0.0, 0.0])
+
+
+def test_state_lives_on_its_device_and_donation_deletes_the_old_state():
+    dev = jax.devices()[-1]
+    state = replay.init(EXAMPLE, CAP, device=dev)
+    for leaf in jax.tree.leaves(state):
+        assert isinstance(leaf, jax.Array) and leaf.devices() == {dev}
+    new = add_j(state, jax.device_put(items([0, 1]), dev), 0)
+    for leaf in jax.tree.leaves(new):
+        assert leaf.devices() == {dev}
+    deleted = [leaf.is_deleted() for leaf in jax.tree.leaves(state)]
+    if not any(deleted) and jax.devices()[0].platform == "cpu":
+        pytest.skip("buffer donation is a no-op on this CPU backend")
+    # all donated buffers except ones XLA could not alias (e.g. the unchanged max_priority scalar)
+    assert state.data["obs"].is_deleted() and state.data["id"].is_deleted()
+    assert state.priority.is_deleted() and state.insert_index.is_deleted()
+    new = update_j(new, jnp.array([0]), jnp.array([2.0]))
+    assert new.data["obs"].shape == (CAP, 2)
+
+
+def test_replay_bytes_and_memory_checks():
+    item = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "a": jnp.int32(0), "r": np.float64(0.0)}
+    # float64 is stored as float32 (x64 off): 28224 + 4 + 4 per item, + 12 bytes of stamps per slot
+    assert replay.replay_bytes(item, 1000) == 1000 * (28224 + 8 + 12) + 16
+    small = replay.init(EXAMPLE, 3)
+    used = sum(leaf.nbytes for leaf in jax.tree.leaves(small))
+    assert replay.replay_bytes(EXAMPLE, 3) == used
+
+    free = replay.check_fits(1024)
+    assert free is not None and free > 1024
+    with pytest.raises(MemoryError, match=r"needs 1000000000000000000 bytes .* only \d+ bytes"):
+        replay.check_fits(10**18)
+    # a huge buffer raises before anything is allocated
+    with pytest.raises(MemoryError, match="needs"):
+        replay.init({"x": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)}, capacity=10**7)
+
+    class FakeAccelerator:
+        platform = "gpu"
+
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+        def __str__(self):
+            return "FakeAccelerator"
+
+    dev = FakeAccelerator({"bytes_limit": 1000, "bytes_in_use": 300})
+    assert replay.check_fits(700, dev) == 700
+    with pytest.raises(MemoryError, match=r"needs 701 bytes .* only 700 bytes"):
+        replay.check_fits(701, dev)
+    with pytest.raises(MemoryError, match=r"max_fraction=0.5 .*350 bytes"):
+        replay.check_fits(400, dev, max_fraction=0.5)
+    with pytest.warns(RuntimeWarning, match="no memory statistics"):
+        assert replay.check_fits(10, FakeAccelerator(None)) is None
+    with pytest.raises(ValueError, match="nbytes"):
+        replay.check_fits(-1)
+
+
+def test_argument_validation_names_the_field():
+    with pytest.raises(ValueError, match=r"capacity must be .* got 0"):
+        replay.init(EXAMPLE, 0)
+    with pytest.raises(ValueError, match=r"capacity must be .* got 2.5"):
+        replay.replay_bytes(EXAMPLE, 2.5)
+    state = _filled(CAP, 3)
+    with pytest.raises(ValueError, match=r"batch_size must be .* got 0"):
+        replay.sample(state, jax.random.key(0), 0)
+    with pytest.raises(ValueError, match=r"beta must be in \[0, 1\].* got 1.5"):
+        replay.sample_prioritised(state, jax.random.key(0), 4, beta=1.5)
+    with pytest.raises(ValueError, match=r"alpha must be >= 0.* got -1"):
+        replay.update_priorities(state, jnp.array([0]), jnp.array([1.0]), alpha=-1.0)
+    with pytest.raises(ValueError, match=r"min_size must be an int >= 1, got 0"):
+        replay.can_sample(state, 0)
+    with pytest.raises(ValueError, match="item leaf must have shape"):
+        replay.add(state, {"id": jnp.zeros((2,), jnp.int32), "obs": jnp.zeros((2, 3))}, 0)
+    with pytest.raises(ValueError, match="cannot be stored"):
+        replay.add(state, {"id": jnp.zeros((2,), jnp.float32), "obs": jnp.zeros((2, 2))}, 0)
+    with pytest.raises(ValueError, match="structure"):
+        replay.add(state, {"obs": jnp.zeros((2, 2))}, 0)

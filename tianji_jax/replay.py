@@ -1,0 +1,506 @@
+"""Device-resident replay buffer (uniform and prioritised) as a small pure API over a pytree state.
+
+In the style of flashbax's item buffer: the state is a :class:`ReplayState` pytree whose leaves
+are ``jax.Array``s with a leading ``capacity`` axis; every function is pure, so the learner jits
+them and donates the state, and XLA updates the storage in place::
+
+    state = replay.init(example_item, capacity=100_000)         # eager: checks memory, allocates
+    add = jax.jit(replay.add, donate_argnums=0)
+    sample = jax.jit(replay.sample_prioritised, static_argnames="batch_size")
+    update = jax.jit(replay.update_priorities, donate_argnums=0)
+
+    state = add(state, items, version)                          # items: leaves (B, ...)
+    if replay.can_sample(state, min_size=10_000):
+        s = sample(state, key, batch_size=256, beta=beta)       # ReplaySample
+        loss, td = ...                                          # weights = s.weights
+        state = update(state, s.indices, td, alpha=0.6, insert_index=s.insert_index)
+
+Layout and invariants (capacity ``C``, any ``C >= 1``, not only powers of two):
+
+- items are written to consecutive slots ``write_pos, write_pos + 1, ... (mod C)``; once the
+  buffer is full the oldest item is overwritten (circular FIFO);
+- the filled slots are always exactly ``[0, size)`` (writes start at slot 0 and ``size`` only
+  stops growing at ``C``), so sampling draws only from slots that were written;
+- every slot carries ``policy_version`` (int32, the version the actor acted with, design.md
+  section 4.1) and ``insert_index`` (int32, the global insert counter of the item it holds);
+  both are ``-1`` in slots never written;
+- ``priority`` holds ``p_i^alpha`` (``0`` in unwritten slots); new items get the largest
+  ``p^alpha`` seen so far (``max_priority``, initially 1), as Schaul et al. 2016 (Algorithm 1).
+
+Prioritised replay (Schaul et al. 2016, "Prioritized Experience Replay", ICLR, section 3.3,
+proportional variant, and section 3.4): ``p_i = (|delta_i| + eps)^alpha``,
+``P(i) = p_i / sum_k p_k``, importance weights ``w_i = (N * P(i))^-beta / max_k w_k`` with ``N``
+the number of stored items and the max taken over the whole buffer (as OpenAI baselines), so
+``w_i = (p_i / p_min)^-beta`` lies in ``(0, 1]``; ``beta`` is annealed towards 1 by the caller.
+
+Sampling cost: uniform is ``O(B)``. Prioritised draws ``B`` i.i.d. samples by inverse CDF,
+``jnp.searchsorted(jnp.cumsum(priority), u)``: ``O(C)`` for the cumulative sum plus
+``O(B log C)`` for the searches, per call, on device. For ``C`` up to a few million this is
+memory-bandwidth bound and cheap next to a network update; a sum-tree (``O(B log C)``) would only
+pay off for much larger buffers. The cumsum is float32, so relative sampling probabilities are
+exact to about ``1e-7 * log2(C)``.
+
+Counters are int32: the insert counter wraps after 2^31 - 1 items (2.1e9 env steps).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+__all__ = [
+    "ReplayState",
+    "ReplaySample",
+    "init",
+    "add",
+    "can_sample",
+    "sample",
+    "sample_prioritised",
+    "update_priorities",
+    "replay_bytes",
+    "check_fits",
+]
+
+_MAX_CAPACITY = 2**31 - 1
+# per-slot metadata: policy_version (int32) + insert_index (int32) + priority (float32)
+_SLOT_META_BYTES = 12
+# scalars: max_priority, write_pos, size, num_inserted
+_SCALAR_BYTES = 16
+
+
+@struct.dataclass
+class ReplayState:
+    """The buffer's whole state; a pytree, every leaf a ``jax.Array`` on the buffer's device.
+
+    Attributes:
+        data: pytree like the example item, every leaf ``(C, *item_shape)`` of the item's dtype.
+        policy_version: ``(C,)`` int32 version each stored item was acted with; -1 if unwritten.
+        insert_index: ``(C,)`` int32 global insert counter of each stored item; -1 if unwritten.
+        priority: ``(C,)`` float32 ``p^alpha`` of each slot; 0 if unwritten.
+        max_priority: ``()`` float32 largest ``p^alpha`` seen so far (1 initially).
+        write_pos: ``()`` int32 next slot to write, in ``[0, C)``.
+        size: ``()`` int32 number of filled slots, in ``[0, C]``; filled slots are ``[0, size)``.
+        num_inserted: ``()`` int32 items inserted so far (including overwritten ones).
+    """
+
+    data: Any
+    policy_version: jax.Array
+    insert_index: jax.Array
+    priority: jax.Array
+    max_priority: jax.Array
+    write_pos: jax.Array
+    size: jax.Array
+    num_inserted: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """``C``, static (from the shapes)."""
+        return self.policy_version.shape[0]
+
+
+@struct.dataclass
+class ReplaySample:
+    """A sampled batch of ``B`` items (with replacement).
+
+    Attributes:
+        item: pytree like the example item, leaves ``(B, *item_shape)``.
+        indices: ``(B,)`` int32 slots they came from (for :func:`update_priorities`).
+        policy_version: ``(B,)`` int32 version the actor acted with (learner lag = v - this).
+        insert_index: ``(B,)`` int32 insert counter of each item (identifies it across overwrites).
+        probs: ``(B,)`` float32 probability each slot had of being drawn (``1 / size`` uniform).
+        weights: ``(B,)`` float32 importance weights in ``(0, 1]`` (all 1 for uniform).
+            Where the buffer was empty, ``probs`` and ``weights`` are 0 and ``item`` is garbage
+            from slot 0 (its stamps are -1) -- check :func:`can_sample` first.
+    """
+
+    item: Any
+    indices: jax.Array
+    policy_version: jax.Array
+    insert_index: jax.Array
+    probs: jax.Array
+    weights: jax.Array
+
+
+# ------------------------------------------------------------------------------------------------
+# validation helpers
+# ------------------------------------------------------------------------------------------------
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_capacity(capacity: Any) -> int:
+    if not _is_int(capacity) or not 1 <= capacity <= _MAX_CAPACITY:
+        raise ValueError(f"capacity must be a Python int in [1, {_MAX_CAPACITY}] (items), got {capacity!r}")
+    return int(capacity)
+
+
+def _check_number(name: str, value: Any, lo: float, hi: float, allowed: str) -> None:
+    """Validate a concrete Python number; traced values pass unchecked (documented)."""
+    if isinstance(value, numbers.Number) and not lo <= value <= hi:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _check_batch_size(batch_size: Any) -> int:
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be a Python int >= 1 (static under jit), got {batch_size!r}")
+    return int(batch_size)
+
+
+def _leaf_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, canonical dtype) of an example leaf: array, ShapeDtypeStruct or Python scalar."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        shape, dtype = tuple(x.shape), x.dtype
+    else:
+        arr = np.asarray(x)
+        shape, dtype = arr.shape, arr.dtype
+    return shape, np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# memory
+# ------------------------------------------------------------------------------------------------
+def replay_bytes(example_item: Any, capacity: int) -> int:
+    """Bytes a buffer of ``capacity`` items like ``example_item`` occupies on its device.
+
+    ``capacity * (sum of item leaf bytes + 12)`` plus 16: the 12 are the per-slot
+    ``policy_version``, ``insert_index`` and ``priority``. Dtypes are canonicalised as JAX
+    stores them (float64 -> float32 unless x64 is enabled).
+
+    Args:
+        example_item: pytree of one item (arrays, ``jax.ShapeDtypeStruct`` or scalars), no batch axis.
+        capacity: number of items, int ``>= 1``.
+
+    Returns:
+        int bytes.
+
+    Raises:
+        ValueError: bad ``capacity``; ``example_item`` has no leaves.
+    """
+    capacity = _check_capacity(capacity)
+    leaves = jax.tree.leaves(example_item)
+    if not leaves:
+        raise ValueError("example_item must be a pytree with at least one array leaf, got no leaves")
+    per_item = 0
+    for leaf in leaves:
+        shape, dtype = _leaf_spec(leaf)
+        per_item += math.prod(shape) * dtype.itemsize
+    return capacity * (per_item + _SLOT_META_BYTES) + _SCALAR_BYTES
+
+
+def _free_host_bytes() -> int:
+    try:
+        import psutil  # a declared dependency; the fallback covers stripped-down installs
+    except ImportError:  # pragma: no cover - fallback when psutil is missing
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(psutil.virtual_memory().available)
+
+
+def check_fits(nbytes: int, device: Any = None, *, max_fraction: float = 1.0) -> int | None:
+    """Raise before allocating a buffer that would not fit in ``device``'s free memory.
+
+    Free memory: on CPU, the host's available memory (``psutil.virtual_memory().available``);
+    on an accelerator, ``bytes_limit - bytes_in_use`` from ``device.memory_stats()`` (the XLA
+    allocator's pool). Where a device reports no statistics the check is skipped with a warning.
+
+    Args:
+        nbytes: bytes needed (see :func:`replay_bytes`), int ``>= 0``.
+        device: a ``jax.Device`` (anything with ``platform`` and ``memory_stats()``); default
+            ``jax.devices()[0]``.
+        max_fraction: the buffer may use at most this fraction of the free memory, in (0, 1].
+
+    Returns:
+        the free bytes found, or None where the device reports none.
+
+    Raises:
+        MemoryError: ``nbytes > max_fraction * free``; the message names both numbers.
+        ValueError: ``nbytes < 0`` or ``max_fraction`` outside (0, 1].
+    """
+    if not _is_int(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+    if not isinstance(max_fraction, numbers.Real) or not 0 < max_fraction <= 1:
+        raise ValueError(f"max_fraction must be in (0, 1], got {max_fraction!r}")
+    if device is None:
+        device = jax.devices()[0]
+    if device.platform == "cpu":
+        free = _free_host_bytes()
+        where = "host memory available (psutil.virtual_memory().available)"
+    else:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - backends without statistics raise various errors
+            stats = None
+        if not stats or "bytes_limit" not in stats:
+            warnings.warn(f"{device} reports no memory statistics; cannot check that {nbytes} bytes fit",
+                          RuntimeWarning, stacklevel=2)
+            return None
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        where = "free on the device (bytes_limit - bytes_in_use)"
+    allowed = int(max_fraction * free)
+    if nbytes > allowed:
+        raise MemoryError(
+            f"replay buffer needs {nbytes} bytes ({nbytes / 2**30:.3f} GiB) but only {free} bytes "
+            f"({free / 2**30:.3f} GiB) are {where} on {device}"
+            + (f", of which max_fraction={max_fraction} may be used ({allowed} bytes)" if max_fraction < 1 else "")
+            + "; lower the capacity or the item size")
+    return free
+
+
+# ------------------------------------------------------------------------------------------------
+# the buffer
+# ------------------------------------------------------------------------------------------------
+def init(example_item: Any, capacity: int, *, device: Any = None, check_memory: bool = True) -> ReplayState:
+    """Allocate an empty buffer for ``capacity`` items shaped like ``example_item``.
+
+    Eager (call it outside ``jit``): it checks the memory with :func:`check_fits` first, so an
+    oversized buffer raises a clear ``MemoryError`` instead of failing inside XLA.
+
+    Args:
+        example_item: pytree of one item (arrays, ``jax.ShapeDtypeStruct`` or scalars), no batch axis.
+        capacity: int ``>= 1``, any value (not only powers of two).
+        device: where the state lives (a ``jax.Device``); default JAX's default device.
+        check_memory: run :func:`check_fits` before allocating.
+
+    Returns:
+        an empty :class:`ReplayState`.
+
+    Raises:
+        ValueError: bad ``capacity`` or an item without leaves.
+        MemoryError: the buffer would not fit (see :func:`check_fits`).
+    """
+    nbytes = replay_bytes(example_item, capacity)
+    if check_memory:
+        check_fits(nbytes, device)
+
+    def zeros(leaf):
+        shape, dtype = _leaf_spec(leaf)
+        return jnp.zeros((capacity, *shape), dtype, device=device)
+
+    def full(shape, value, dtype):
+        return jnp.full(shape, value, dtype, device=device)
+
+    return ReplayState(
+        data=jax.tree.map(zeros, example_item),
+        policy_version=full((capacity,), -1, jnp.int32),
+        insert_index=full((capacity,), -1, jnp.int32),
+        priority=full((capacity,), 0.0, jnp.float32),
+        max_priority=full((), 1.0, jnp.float32),
+        write_pos=full((), 0, jnp.int32),
+        size=full((), 0, jnp.int32),
+        num_inserted=full((), 0, jnp.int32),
+    )
+
+
+def add(state: ReplayState, items: Any, version: Any, mask: jax.Array | None = None) -> ReplayState:
+    """Insert a batch of ``B`` items, overwriting the oldest ones once the buffer is full.
+
+    Items with ``mask`` False are skipped (e.g. steps that are not real transitions), without
+    changing shapes: the kept items go to consecutive slots in their batch order, and the skipped
+    ones are scattered out of bounds (dropped). If more than ``C`` items are kept, only the last
+    ``C`` are stored (but all are counted in ``num_inserted``). Jit with ``donate_argnums=0``.
+
+    Args:
+        state: the buffer.
+        items: pytree like the example item, every leaf ``(B, *item_shape)``; dtypes are cast to
+            the buffer's within the same kind (float -> float, int -> int).
+        version: int policy version the items were acted with, scalar or ``(B,)``.
+        mask: optional ``(B,)`` bool, True = insert.
+
+    Returns:
+        the new :class:`ReplayState`.
+
+    Raises:
+        ValueError: ``items`` has another structure, leaf shape or dtype kind than the buffer, or
+            leaves disagree on ``B``; ``version`` / ``mask`` not broadcastable to ``(B,)``.
+    """
+    cap = state.capacity
+    buf_leaves, treedef = jax.tree.flatten(state.data)
+    item_leaves, item_def = jax.tree.flatten(items)
+    if item_def != treedef:
+        raise ValueError(f"items must have the buffer's structure {treedef}, got {item_def}")
+    item_leaves = [jnp.asarray(x) for x in item_leaves]
+    b = item_leaves[0].shape[0] if item_leaves[0].ndim else None
+    for buf, x in zip(buf_leaves, item_leaves):
+        if x.ndim == 0 or x.shape[0] != b or x.shape[1:] != buf.shape[1:]:
+            raise ValueError(f"every item leaf must have shape (B, *item_shape) with one B; expected "
+                             f"(B, {', '.join(map(str, buf.shape[1:]))}) with B={b}, got {x.shape}")
+        if not jnp.can_cast(x.dtype, buf.dtype, casting="same_kind"):
+            raise ValueError(f"item leaf dtype {x.dtype} cannot be stored in a {buf.dtype} buffer")
+    version = jnp.asarray(version)
+    if not jnp.issubdtype(version.dtype, jnp.integer) or version.ndim > 1 or version.size not in (1, b):
+        raise ValueError(f"version must be an int scalar or shape ({b},), got {version.dtype}{version.shape}")
+    version = jnp.broadcast_to(version.astype(jnp.int32).reshape(-1), (b,))
+    if mask is None:
+        keep = jnp.ones((b,), bool)
+    else:
+        keep = jnp.asarray(mask)
+        if keep.shape != (b,):
+            raise ValueError(f"mask must have shape ({b},), got {keep.shape}")
+        keep = keep.astype(bool)
+
+    k = keep.astype(jnp.int32)
+    offset = jnp.cumsum(k) - k  # position of each kept item among the kept ones
+    n_new = jnp.sum(k)
+    keep = keep & (offset >= n_new - cap)  # at most C kept items, so target slots are distinct
+    slots = jnp.where(keep, (state.write_pos + offset) % cap, cap)  # cap = out of bounds: dropped
+
+    def write(buf, x):
+        return buf.at[slots].set(x.astype(buf.dtype), mode="drop")
+
+    return ReplayState(
+        data=jax.tree.unflatten(treedef, [write(buf, x) for buf, x in zip(buf_leaves, item_leaves)]),
+        policy_version=write(state.policy_version, version),
+        insert_index=write(state.insert_index, state.num_inserted + offset),
+        priority=write(state.priority, jnp.broadcast_to(state.max_priority, (b,))),
+        max_priority=state.max_priority,
+        write_pos=((state.write_pos + n_new) % cap).astype(jnp.int32),
+        size=jnp.minimum(state.size + n_new, cap).astype(jnp.int32),
+        num_inserted=(state.num_inserted + n_new).astype(jnp.int32),
+    )
+
+
+def can_sample(state: ReplayState, min_size: int) -> jax.Array:
+    """``()`` bool array: the buffer holds at least ``min_size`` items (``min_size >= 1``).
+
+    Raises:
+        ValueError: ``min_size < 1`` (when concrete).
+    """
+    _check_number("min_size", min_size, 1, math.inf, "an int >= 1")
+    return state.size >= min_size
+
+
+def _gather(state: ReplayState, idx: jax.Array, probs: jax.Array, weights: jax.Array) -> ReplaySample:
+    return ReplaySample(
+        item=jax.tree.map(lambda x: jnp.take(x, idx, axis=0), state.data),
+        indices=idx,
+        policy_version=state.policy_version[idx],
+        insert_index=state.insert_index[idx],
+        probs=probs.astype(jnp.float32),
+        weights=weights.astype(jnp.float32),
+    )
+
+
+def sample(state: ReplayState, key: jax.Array, batch_size: int) -> ReplaySample:
+    """Uniform sampling with replacement from the filled slots ``[0, size)`` only. ``O(B)``.
+
+    Args:
+        state: the buffer (check :func:`can_sample` first).
+        key: PRNG key.
+        batch_size: ``B >= 1``, static Python int (``static_argnames="batch_size"`` under jit).
+
+    Returns:
+        :class:`ReplaySample` with ``probs = 1 / size`` and ``weights = 1`` (0 if empty).
+
+    Raises:
+        ValueError: bad ``batch_size``.
+    """
+    b = _check_batch_size(batch_size)
+    size = state.size
+    idx = jax.random.randint(key, (b,), 0, jnp.maximum(size, 1), dtype=jnp.int32)
+    empty = size == 0
+    probs = jnp.where(empty, 0.0, 1.0 / jnp.maximum(size, 1).astype(jnp.float32))
+    weights = jnp.where(empty, 0.0, 1.0)
+    return _gather(state, idx, jnp.broadcast_to(probs, (b,)), jnp.broadcast_to(weights, (b,)))
+
+
+def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta: float) -> ReplaySample:
+    """Proportional prioritised sampling with replacement (Schaul et al. 2016, sec. 3.3-3.4).
+
+    Draws slot ``i`` with ``P(i) = p_i^alpha / sum_k p_k^alpha`` (the buffer stores ``p^alpha``)
+    by inverse CDF on ``cumsum(priority)``; unwritten slots have priority 0 and are never drawn,
+    nor are written slots whose priority is 0. ``O(C + B log C)`` per call.
+
+    Args:
+        state: the buffer (check :func:`can_sample` first).
+        key: PRNG key.
+        batch_size: ``B >= 1``, static Python int.
+        beta: importance-sampling exponent in [0, 1] (Python float or traced scalar), annealed
+            towards 1 by the caller; ``0`` gives all weights 1.
+
+    Returns:
+        :class:`ReplaySample` with ``probs = P(i)`` and
+        ``weights = (N P(i))^-beta / max_k (N P(k))^-beta = (p_i / p_min)^-beta``, ``N = size``.
+
+    Raises:
+        ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
+    """
+    b = _check_batch_size(batch_size)
+    _check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
+    cap = state.capacity
+    p = state.priority
+    cdf = jnp.cumsum(p)
+    total = cdf[-1]
+    u = jax.random.uniform(key, (b,), jnp.float32) * total
+    idx = jnp.searchsorted(cdf, u, side="right").astype(jnp.int32)
+    # u can round up to ``total``; the draw then belongs to the last slot with positive priority
+    positive = p > 0
+    last_positive = (cap - 1 - jnp.argmax(positive[::-1])).astype(jnp.int32)
+    empty = total <= 0
+    idx = jnp.where(empty, 0, jnp.minimum(idx, last_positive))
+    p_i = p[idx]
+    probs = jnp.where(empty, 0.0, p_i / jnp.where(empty, 1.0, total))
+    p_min = jnp.min(jnp.where(positive, p, jnp.inf))
+    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, p_min))
+    weights = jnp.where(empty, 0.0, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)))
+    return _gather(state, idx, probs, weights)
+
+
+def update_priorities(
+    state: ReplayState,
+    indices: jax.Array,
+    td_errors: jax.Array,
+    alpha: float = 0.6,
+    eps: float = 1e-6,
+    insert_index: jax.Array | None = None,
+) -> ReplayState:
+    """Set ``priority[i] = (|td_i| + eps)^alpha`` for the sampled slots (Schaul et al. 2016).
+
+    Also raises ``max_priority`` (given to new items) to the largest new value. Duplicated
+    indices (sampling is with replacement) get one of their values; with the same params and data
+    these are equal. Indices outside the filled slots ``[0, size)`` are ignored. With
+    ``insert_index`` (from the :class:`ReplaySample`), a slot overwritten by a newer item since it
+    was sampled is left alone (asynchronous actors). Jit with ``donate_argnums=0``.
+
+    Args:
+        state: the buffer.
+        indices: ``(B,)`` int slots (``ReplaySample.indices``).
+        td_errors: ``(B,)`` float TD errors (sign ignored).
+        alpha: priority exponent ``>= 0`` (0.6 in Schaul et al.'s proportional variant; 0 =
+            uniform). Keep it constant over training: stored priorities already include it.
+        eps: ``>= 0`` floor so no item gets probability 0.
+        insert_index: optional ``(B,)`` int32 insert counters the items had when sampled.
+
+    Returns:
+        the new :class:`ReplayState`.
+
+    Raises:
+        ValueError: ``alpha < 0`` or ``eps < 0`` (when concrete); shapes not ``(B,)``.
+    """
+    _check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
+    _check_number("eps", eps, 0.0, math.inf, ">= 0")
+    indices = jnp.asarray(indices, jnp.int32)
+    td_errors = jnp.asarray(td_errors, jnp.float32)
+    if indices.ndim != 1 or td_errors.shape != indices.shape:
+        raise ValueError(f"indices and td_errors must both have shape (B,), got {indices.shape} and "
+                         f"{td_errors.shape}")
+    new_p = jnp.power(jnp.abs(td_errors) + eps, alpha)
+    # only filled slots ([0, size)) may get a priority, so unwritten slots can never be drawn
+    current = (indices >= 0) & (indices < state.size)
+    if insert_index is not None:
+        insert_index = jnp.asarray(insert_index, jnp.int32)
+        if insert_index.shape != indices.shape:
+            raise ValueError(f"insert_index must have shape {indices.shape}, got {insert_index.shape}")
+        current = current & (state.insert_index[jnp.clip(indices, 0, state.capacity - 1)] == insert_index)
+    indices = jnp.where(current, indices, state.capacity)  # out of bounds: dropped
+    new_max = jnp.max(jnp.where(current, new_p, 0.0))
+    return state.replace(
+        priority=state.priority.at[indices].set(new_p, mode="drop"),
+        max_priority=jnp.maximum(state.max_priority, new_max),
+    )
