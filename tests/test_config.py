@@ -133,7 +133,12 @@ BAD_VALUES = [
     # env
     ("env", "gymnax:CartPol-v1", ValueError, r"env=.*CartPol-v1"),
     ("env", "foo:CartPole-v1", ValueError, r"env=.*backend 'foo'"),
-    ("env", "gymnasium:CartPole-v1", ValueError, r"env=.*backend 'gymnasium'"),
+    ("env", "gymnasium:CartPole-v1", ValueError, r"runtime='anakin'.*gymnasium.*allowed: runtime='async'"),
+    ("env", "envpool:CartPole-v1", ValueError, r"runtime='anakin'.*envpool.*allowed: runtime='async'"),
+    ("env_batch_size", 2, ValueError, r"env_batch_size=2: only the envpool backend"),
+    ("env_batch_size", 0, ValueError, "env_batch_size"),
+    ("num_learner_devices", 0, ValueError, "num_learner_devices"),
+    ("num_learner_devices", 2, ValueError, r"num_learner_devices=2 needs runtime='async'"),
     ("env", NotAnEnv(), ValueError, r"env: .*NotAnEnv.*not a gymnax-style"),
     ("env", object(), ValueError, r"env: .*not a gymnax-style"),
     ("env", TupleActionCartPole(), ValueError, r"env=.*TupleActionCartPole.*Tuple"),
@@ -198,7 +203,7 @@ def test_unknown_env_id_lists_closest_ids():
 
 
 def test_unknown_backend_lists_allowed_backends():
-    with pytest.raises(ValueError, match=r"allowed backends: \['gymnax'\]"):
+    with pytest.raises(ValueError, match=r"allowed backends: \['gymnax', 'envpool', 'gymnasium'\]"):
         PPOConfig(**{**BASE, "env": "foo:CartPole-v1"})
 
 

@@ -44,3 +44,15 @@ def test_async_ppo_solves_gymnax_cartpole(tmp_path, schedule):
     hits = df[df["episode_return_mean"] >= 475]
     assert len(hits) > 0 and hits["env_steps"].iloc[0] <= budget
     assert (df["policy_lag_max"] <= config.policy_lag_bound).all()
+
+
+def test_async_ppo_solves_envpool_cartpole(tmp_path):
+    """The Sebulba path: envpool on the host, policy on the actor device, relaxed schedule."""
+    budget = 500_000
+    config = tj.PPOConfig(env="envpool:CartPole-v1", seed=0, runtime="async", total_env_steps=budget)
+    tj.train(config, run_dir=tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    print(df[["env_steps", "episode_return_mean", "eval_return_mean", "policy_lag_max", "dropped_partial"]].to_string())
+    hits = df[df["episode_return_mean"] >= 475]
+    assert len(hits) > 0 and hits["env_steps"].iloc[0] <= budget
+    assert (df["policy_lag_max"] <= config.policy_lag_bound).all()

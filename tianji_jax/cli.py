@@ -1,7 +1,9 @@
 """The ``tianji`` command: ``tianji train`` over the same config dataclasses as the Python API.
 
 Every field of :class:`~tianji_jax.config.PPOConfig` is a flag (``--total-env-steps``,
-``--num-envs``, ...) documented in ``tianji train --help``.
+``--num-envs``, ...) documented in ``tianji train --help``. ``--algo dqn`` switches to
+:class:`~tianji_jax.config.DQNConfig`'s fields (``tianji train --algo dqn --help``): the value of
+``--algo`` is read from the command line first and picks the argument dataclass tyro parses.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Annotated, Literal
 
 import tyro
 
-from tianji_jax.config import PPOConfig
+from tianji_jax.config import DQNConfig, PPOConfig
 
-__all__ = ["main", "TrainArgs"]
+__all__ = ["main", "TrainArgs", "DQNTrainArgs"]
 
 _USAGE = """usage: tianji {train} ...
 
@@ -31,24 +33,50 @@ class TrainArgs:
     final_params/)."""
 
     config: Annotated[PPOConfig, tyro.conf.arg(name="")]
-    algo: Literal["ppo"] = "ppo"
-    """Algorithm."""
+    algo: Literal["ppo", "dqn"] = "ppo"
+    """Algorithm: 'ppo' (the options listed here) or 'dqn' (its options: tianji train --algo dqn --help)."""
     run_dir: Path | None = None
     """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
     progress: bool = True
     """Show a progress bar on stderr."""
 
 
-def _default_run_dir(args: TrainArgs) -> Path:
+@dataclass(frozen=True)
+class DQNTrainArgs:
+    """Train a DQN-family agent (Anakin, gymnax, Discrete actions) and write its run directory
+    (config.json, provenance.json, metrics.csv, final_params/)."""
+
+    config: Annotated[DQNConfig, tyro.conf.arg(name="")]
+    algo: Literal["dqn"] = "dqn"
+    """Algorithm ('tianji train --help' for PPO's options)."""
+    run_dir: Path | None = None
+    """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+
+
+def _algo_of(argv: list[str]) -> str:
+    """The value of ``--algo`` in ``argv`` (``--algo X`` or ``--algo=X``; the last one wins), default 'ppo'."""
+    algo = "ppo"
+    for i, arg in enumerate(argv):
+        if arg == "--algo" and i + 1 < len(argv):
+            algo = argv[i + 1]
+        elif arg.startswith("--algo="):
+            algo = arg.split("=", 1)[1]
+    return algo
+
+
+def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
     env = args.config.env_spec.name.replace("/", "_")
     return Path("runs") / f"{args.algo}-{env}-s{args.config.seed}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
 def _train(argv: list[str]) -> int:
     try:
-        args = tyro.cli(TrainArgs, args=argv, prog="tianji train",
+        args_type = DQNTrainArgs if _algo_of(argv) == "dqn" else TrainArgs
+        args = tyro.cli(args_type, args=argv, prog="tianji train",
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
-    except (ValueError, TypeError) as err:  # config validation: one clear line, no traceback
+    except (ValueError, TypeError, MemoryError) as err:  # config validation: one clear line, no traceback
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0) or a flag tyro cannot parse (2)

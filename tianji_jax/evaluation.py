@@ -19,7 +19,7 @@ from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv
 from tianji_jax.envs.registry import EnvSpec
 
-__all__ = ["make_evaluate", "EvalResult"]
+__all__ = ["make_evaluate", "make_policy_evaluate", "EvalResult"]
 
 
 class EvalResult(dict):
@@ -98,4 +98,59 @@ def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episo
         with _LOCK:
             _CACHE.setdefault(cache_key, evaluate)
             return _CACHE[cache_key]
+    return evaluate
+
+
+def make_policy_evaluate(spec: EnvSpec, act_fn: Callable, num_episodes: int, cache_key: Any = None) -> Callable:
+    """Build a jitted ``evaluate(params, key) -> (returns (M,) float32, lengths (M,) int32)`` for
+    any deterministic policy ``act_fn(params, obs (M, *obs_shape)) -> actions (M, ...)``.
+
+    Same protocol as :func:`make_evaluate`: each of ``M`` separate envs plays exactly one episode
+    inside one compiled ``while_loop`` that stops when all have ended or after
+    ``max_steps_in_episode`` steps. Used for DQN's greedy policy (``argmax_a Q``, Mnih et al. 2015).
+
+    Args:
+        spec: the resolved gymnax env.
+        act_fn: deterministic policy, traceable.
+        num_episodes: ``M >= 1``.
+        cache_key: hashable key; equal keys return the same compiled function.
+
+    Raises:
+        ValueError: ``num_episodes < 1`` or an env without ``max_steps_in_episode``.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if cache_key is not None:
+        with _LOCK:
+            if ("policy", cache_key) in _CACHE:
+                return _CACHE[("policy", cache_key)]
+    env = GymnaxVecEnv(spec, num_episodes)
+    max_steps = spec.max_episode_steps
+
+    @jax.jit
+    def evaluate(params: Any, key: jax.Array):
+        key, k_reset = jax.random.split(key)
+        env_state, obs = env.reset(k_reset)
+
+        def cond(carry):
+            *_, finished, _, _, t = carry
+            return (~jnp.all(finished)) & (t <= max_steps)
+
+        def body(carry):
+            env_state, obs, key, finished, returns, lengths, t = carry
+            key, k_step = jax.random.split(key)
+            env_state, ts = env.step(k_step, env_state, act_fn(params, obs))
+            returns = jnp.where(finished, returns, returns + ts.reward)
+            lengths = jnp.where(finished, lengths, lengths + 1)
+            return env_state, ts.obs, key, finished | ts.done, returns, lengths, t + 1
+
+        carry = (env_state, obs, key, jnp.zeros((num_episodes,), bool), jnp.zeros((num_episodes,), jnp.float32),
+                 jnp.zeros((num_episodes,), jnp.int32), jnp.zeros((), jnp.int32))
+        _, _, _, _, returns, lengths, _ = jax.lax.while_loop(cond, body, carry)
+        return returns, lengths
+
+    if cache_key is not None:
+        with _LOCK:
+            _CACHE.setdefault(("policy", cache_key), evaluate)
+            return _CACHE[("policy", cache_key)]
     return evaluate

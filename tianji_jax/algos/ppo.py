@@ -107,6 +107,7 @@ def ppo_loss(
     ent_coef: float,
     clip_value_loss: bool,
     normalize_advantages: bool,
+    axis_name: str | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped-surrogate PPO loss (Schulman et al. 2017, eq. 7 and 9).
 
@@ -117,6 +118,9 @@ def ppo_loss(
     Args:
         params: network params for ``apply_fn(params, obs) -> (actor_out, value)``.
         batch: a :class:`PPOBatch`.
+        axis_name: data-parallel learners: the mapped axis the minibatch is split over (equal
+            shares); advantages are then normalised with the mean and std of the *global*
+            minibatch (``pmean`` of the shard moments), as a single learner would.
 
     Returns:
         ``(loss, metrics)``: scalar float32 loss and a dict of scalars ``policy_loss``,
@@ -128,7 +132,12 @@ def ppo_loss(
     ratio = jnp.exp(log_ratio)
     adv = batch.advantages
     if normalize_advantages:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if axis_name is None:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        else:  # two-pass global moments over the shards
+            mean = jax.lax.pmean(adv.mean(), axis_name)
+            std = jnp.sqrt(jax.lax.pmean(jnp.mean((adv - mean) ** 2), axis_name))
+            adv = (adv - mean) / (std + 1e-8)
     pg_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
     v_err = (value - batch.returns) ** 2
     if clip_value_loss:
@@ -187,15 +196,17 @@ def ppo_update(
         apply_fn: ``apply_fn(params, obs) -> (actor_out, value)``.
         tx: the optax optimizer (see :func:`make_optimizer`).
         loss_kwargs: keyword arguments of :func:`ppo_loss` besides params/apply_fn/batch.
-        axis_name: when set, gradients and metrics are averaged over this mapped axis
-            (data-parallel learners).
+        axis_name: when set (data-parallel learners, each holding an equal shard of the batch and
+            permuting it locally), advantage statistics are global, gradients and metrics are
+            averaged over this mapped axis, so every replica applies the same update.
 
     Returns:
         ``(params, opt_state, metrics)``: metrics are scalars averaged over all gradient steps,
         plus ``grad_norm`` (global norm before clipping).
     """
     b = batch.advantages.shape[0]
-    grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, **loss_kwargs), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, axis_name=axis_name, **loss_kwargs),
+                                 has_aux=True)
 
     def minibatch_step(carry, mb):
         params, opt_state = carry

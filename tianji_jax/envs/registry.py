@@ -14,10 +14,13 @@ import numpy as np
 
 from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space
 
-__all__ = ["EnvSpec", "resolve_env", "BACKENDS"]
+__all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS"]
 
-BACKENDS = ("gymnax",)
-"""Env backends known to the resolver. Host backends (envpool, gymnasium) come with the async runtime."""
+BACKENDS = ("gymnax", "envpool", "gymnasium")
+"""Env backends known to the resolver. ``gymnax`` runs on a JAX device (both runtimes); ``envpool``
+and ``gymnasium`` run on the host (:mod:`tianji_jax.envs.host`, async runtime only)."""
+
+HOST_BACKENDS = ("envpool", "gymnasium")
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,12 +28,14 @@ class EnvSpec:
     """A resolved environment.
 
     Attributes:
-        backend: ``"gymnax"``.
+        backend: one of :data:`BACKENDS`.
         name: the registered id, or the class name of a user object.
-        env: the gymnax-style environment object.
-        env_params: its default params (a pytree).
+        env: the gymnax-style environment object (None for host backends, whose envs are made
+            by each actor: :meth:`make_host_env`).
+        env_params: its default params (a pytree; None for host backends).
         observation_space: :class:`Box` of one env's observation.
         action_space: :class:`Discrete` or :class:`Box` of one env's action.
+        episode_limit: host backends: the registered time limit in env steps (None if none).
     """
 
     backend: str
@@ -39,6 +44,31 @@ class EnvSpec:
     env_params: Any
     observation_space: Box
     action_space: Discrete | Box
+    episode_limit: int | None = None
+
+    @property
+    def on_host(self) -> bool:
+        """True for the host backends (envpool, gymnasium), which only the async runtime runs."""
+        return self.backend in HOST_BACKENDS
+
+    def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None):
+        """A new host vectorised env of this spec (:class:`~tianji_jax.envs.host.EnvpoolVecEnv`
+        or :class:`~tianji_jax.envs.host.GymnasiumVecEnv`).
+
+        Raises:
+            ValueError: a gymnax spec, or ``batch_size`` for gymnasium (sync only).
+        """
+        from tianji_jax.envs import host
+
+        if self.backend == "envpool":
+            return host.EnvpoolVecEnv(self.name, num_envs, batch_size=batch_size, seed=seed)
+        if self.backend == "gymnasium":
+            if batch_size not in (None, num_envs):
+                raise ValueError(f"env_batch_size={batch_size}: gymnasium vector envs are sync only "
+                                 f"(allowed: None or num_envs={num_envs})")
+            return host.GymnasiumVecEnv(self.name, num_envs, seed=seed)
+        raise ValueError(f"env {self.name!r}: backend {self.backend!r} is not a host backend "
+                         f"(allowed: {list(HOST_BACKENDS)})")
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
@@ -56,8 +86,9 @@ class EnvSpec:
 
     @property
     def max_episode_steps(self) -> int:
-        """Time limit of one episode in env steps (gymnax ``max_steps_in_episode``)."""
-        limit = getattr(self.env_params, "max_steps_in_episode", None)
+        """Time limit of one episode in env steps (gymnax ``max_steps_in_episode``; host backends:
+        the registered limit)."""
+        limit = self.episode_limit if self.on_host else getattr(self.env_params, "max_steps_in_episode", None)
         if limit is None:
             raise ValueError(f"env {self.name}: its params have no max_steps_in_episode, which "
                              "evaluation needs to bound an episode")
@@ -74,7 +105,8 @@ def resolve_env(env: Any) -> EnvSpec:
     """Resolve ``env`` into an :class:`EnvSpec`.
 
     Args:
-        env: ``"gymnax:<id>"``, a bare gymnax id such as ``"CartPole-v1"``, or a gymnax-style
+        env: ``"gymnax:<id>"``, ``"envpool:<id>"``, ``"gymnasium:<id>"``, a bare gymnax id such
+            as ``"CartPole-v1"``, or a gymnax-style
             environment object (``reset``, ``step``, ``default_params``, ``observation_space``,
             ``action_space``).
 
@@ -88,9 +120,9 @@ def resolve_env(env: Any) -> EnvSpec:
         if not sep:
             backend, env_id = "gymnax", env
         if backend not in BACKENDS:
-            hint = (" (envpool and gymnasium backends belong to the async runtime, not yet available)"
-                    if backend in ("envpool", "gymnasium") else "")
-            raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}{hint}")
+            raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}")
+        if backend in HOST_BACKENDS:
+            return _resolve_host(env, backend, env_id)
         known = _gymnax_ids()
         if env_id not in known:
             close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.4)
@@ -119,3 +151,36 @@ def resolve_env(env: Any) -> EnvSpec:
     if np.dtype(obs_space.dtype).kind not in "fiub":
         raise ValueError(f"env={name!r}: observation dtype {obs_space.dtype} is not numeric")
     return EnvSpec(backend, name, obj, params, obs_space, act_space)
+
+
+def _resolve_host(env: str, backend: str, env_id: str) -> EnvSpec:
+    """Spaces and time limit of an envpool/gymnasium id, without stepping (or, for envpool,
+    creating) an env."""
+    from tianji_jax.envs import host
+
+    known = host.envpool_ids() if backend == "envpool" else host.gymnasium_ids()
+    try:
+        host._check_id(env_id, known, backend, "envpool.list_all_envs()" if backend == "envpool"
+                       else "gymnasium.registry")
+    except ValueError as err:
+        raise ValueError(f"env={env!r}: {err}") from None
+    if backend == "envpool":
+        import envpool
+
+        espec = envpool.make_spec(env_id)
+        obs, act = espec.gymnasium_observation_space, espec.gymnasium_action_space
+        limit = getattr(espec.config, "max_episode_steps", None)
+    else:
+        import gymnasium
+
+        probe = gymnasium.make(env_id)
+        obs, act = probe.observation_space, probe.action_space
+        limit = gymnasium.spec(env_id).max_episode_steps
+        probe.close()
+    try:
+        obs_space, act_space = host.from_gymnasium_space(obs), host.from_gymnasium_space(act)
+    except ValueError as err:
+        raise ValueError(f"env={env!r}: {err}") from None
+    if not isinstance(obs_space, Box):
+        raise ValueError(f"env={env!r}: observation space must be a Box, got {obs_space!r}")
+    return EnvSpec(backend, env_id, None, None, obs_space, act_space, None if limit is None else int(limit))

@@ -28,7 +28,8 @@ class PPOTrainState:
 
     Attributes:
         actor: :class:`~tianji_jax.runtime.ppo_parts.ActorState` (envs, observations, actor key,
-            observation/reward statistics).
+            observation/reward statistics); None after an async run on a host env backend, whose
+            env state lives in envpool/gymnasium.
         learner: :class:`~tianji_jax.runtime.ppo_parts.LearnerState` (params, optimizer state,
             learner key, policy version = updates done).
     """
@@ -43,13 +44,13 @@ class PPOTrainState:
 
     @property
     def obs_rms(self) -> RunningMeanStd:
-        """Running observation statistics."""
-        return self.actor.obs_rms
+        """Running observation statistics (None for a host-env async run, which has none)."""
+        return self.actor.obs_rms if self.actor is not None else None
 
     @property
     def reward_scaler(self) -> RewardScaler:
-        """Discounted-return statistics used for reward scaling."""
-        return self.actor.reward_scaler
+        """Discounted-return statistics used for reward scaling (None for a host-env async run)."""
+        return self.actor.reward_scaler if self.actor is not None else None
 
     @property
     def update_count(self) -> jax.Array:
@@ -103,8 +104,10 @@ _CACHE_LOCK = threading.Lock()
 def compile_key(config: PPOConfig) -> PPOConfig:
     """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``)
     (and the async-only fields) set to their defaults: equal keys share compiled functions."""
-    return config.replace(seed=0, stop_at_return=None, runtime="anakin", schedule="relaxed", max_policy_lag=None,
-                          num_actors=1, queue_batches=2, stall_timeout_s=60.0)
+    runtime = "async" if config.env_spec.on_host else "anakin"  # host envs exist only in async
+    return config.replace(seed=0, stop_at_return=None, runtime=runtime, schedule="relaxed", max_policy_lag=None,
+                          num_actors=1, queue_batches=2, stall_timeout_s=60.0, env_batch_size=None,
+                          num_learner_devices=1)
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:

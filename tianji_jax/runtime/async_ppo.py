@@ -1,7 +1,9 @@
-"""PPO on the async TianJi runtime: gymnax actors on one device, the learner on another.
+"""PPO on the async TianJi runtime: actors on one device, the learner on another.
 
-The actor and learner functions are the same ones Anakin fuses (:mod:`tianji_jax.runtime.ppo_parts`);
-here they run in separate threads through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
+gymnax actors run the same rollout Anakin fuses (:mod:`tianji_jax.runtime.ppo_parts`) on their
+device; envpool/gymnasium actors (:class:`~tianji_jax.runtime.host_actor.HostActor`) step the host
+env and run only the policy on their device. Either way they run in separate threads from the
+learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 """
 
 from __future__ import annotations
@@ -10,11 +12,17 @@ import threading
 import time
 from typing import Any
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tianji_jax.config import PPOConfig
 from tianji_jax.runtime.async_runtime import AsyncRunner
+from tianji_jax.runtime.host_actor import HostActor
 from tianji_jax.runtime.param_store import ParamStore
 from tianji_jax.runtime.ppo_parts import LearnerState, PPOParts
 
@@ -24,11 +32,26 @@ _JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = {}
 _LOCK = threading.Lock()
 
 
-def placement(devices: list | None = None) -> tuple[Any, Any]:
-    """``(actor_device, learner_device)``: different devices when there are at least two
-    (design.md section 3: on one device actor inference and learner updates serialise)."""
+def placement(devices: list | None = None, num_learner_devices: int = 1) -> tuple[Any, list]:
+    """``(actor_device, learner_devices)``: actors on the first device, the learner(s) on the last
+    ``num_learner_devices`` (disjoint from the actors' when there are enough devices; design.md
+    section 3: on one device actor inference and learner updates serialise).
+
+    Raises:
+        ValueError: more learner devices asked for than there are devices.
+    """
     devs = list(devices if devices is not None else jax.devices())
-    return devs[0], devs[-1]
+    if num_learner_devices > len(devs):
+        raise ValueError(
+            f"num_learner_devices={num_learner_devices}: only {len(devs)} {devs[0].platform} device(s); allowed "
+            f"1..{len(devs)} (on CPU, start Python with XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "or set jax_num_cpu_devices before JAX starts)")
+    return devs[0], devs[len(devs) - num_learner_devices:]
+
+
+def _traj_spec(key: str) -> P:
+    """Trajectory leaves are ``(T, N, ...)`` (``last_obs`` is ``(N, ...)``): shard the env axis N."""
+    return P("data") if key == "last_obs" else P(None, "data")
 
 
 class AsyncPPO:
@@ -51,30 +74,81 @@ class AsyncPPO:
         from tianji_jax.runtime.anakin import compile_key
 
         self.config = config
-        self.actor_device, self.learner_device = placement()
-        key = compile_key(config)
+        self.actor_device, self.learner_devices = placement(num_learner_devices=config.num_learner_devices)
+        self.learner_device = self.learner_devices[0]
+        self.mesh = Mesh(np.asarray(self.learner_devices), ("data",)) if len(self.learner_devices) > 1 else None
+        key = (compile_key(config), tuple(d.id for d in self.learner_devices))
         with _LOCK:
             if key not in _JIT_CACHE:
-                parts = PPOParts(key)
-                _JIT_CACHE[key] = (jax.jit(parts.rollout), jax.jit(parts.learn), parts)
-            self._rollout, self._learn, self.parts = _JIT_CACHE[key]
+                parts = PPOParts(key[0])
+                if self.mesh is None:
+                    learn = jax.jit(parts.learn)
+                else:
+                    specs = {k: _traj_spec(k) for k in ("obs", "action", "log_prob", "value", "reward", "terminated",
+                                                        "truncated", "done", "final_obs", "episode_return",
+                                                        "episode_length", "policy_version", "last_obs")}
+                    # check_vma=False: pmap semantics. With it on, the gradient w.r.t. replicated
+                    # params would already be summed over the axis, and ppo_update's pmean would then
+                    # return the sum of the replicas' gradients instead of their mean.
+                    learn = jax.jit(jax.shard_map(partial(parts.learn, axis_name="data"), mesh=self.mesh,
+                                                  in_specs=(P(), specs), out_specs=(P(), P()), check_vma=False))
+                _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, jax.jit(parts.act), parts)
+            self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
+        self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
-        self.learner_state: LearnerState = jax.device_put(self.parts.init_learner(k_learner), self.learner_device)
+        self.learner_state: LearnerState = jax.device_put(self.parts.init_learner(k_learner), self._replicated)
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
-        self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in actor_keys]
-        self.obs_rms = self._actor_states[0].obs_rms
+        self.host_actors: list[HostActor] = []
+        if config.env_spec.on_host:
+            self._actor_states = [None] * config.num_actors
+            self.obs_rms = None
+            try:
+                for i, k in enumerate(actor_keys):
+                    self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
+                                                      self.to_learner, self._time))
+            except BaseException:
+                self.close()
+                raise
+            actors = list(self.host_actors)
+        else:
+            self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in actor_keys]
+            self.obs_rms = self._actor_states[0].obs_rms
+            actors = [self._make_actor(i) for i in range(config.num_actors)]
         self.runner = AsyncRunner(
-            actors=[self._make_actor(i) for i in range(config.num_actors)], learn=self._learn_item,
+            actors=actors, learn=self._learn_item,
             initial_params=self.learner_state.params, num_updates=config.num_updates,
             item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
             queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store)
 
+    def to_learner(self, traj: dict) -> dict:
+        """Place a trajectory on the learner: its device, or sharded along the env axis ``N``
+        over the data-parallel learner devices (``NamedSharding`` over the ``"data"`` mesh axis)."""
+        if self.mesh is None:
+            return jax.device_put(traj, self.learner_device)
+        return {k: jax.device_put(v, NamedSharding(self.mesh, _traj_spec(k))) for k, v in traj.items()}
+
+    def close(self) -> None:
+        """Close the host envs of host actors (idempotent; nothing to do for gymnax actors)."""
+        for actor in self.host_actors:
+            actor.close()
+
+    @property
+    def env_steps_discarded(self) -> int:
+        """Host actors: env steps dropped before insertion because a rollout started with newer
+        params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
+        return sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
-        same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
-        return f"placement: actors on {self.actor_device}, learner on {self.learner_device}{same}"
+        same = (" (shared device: acting and learning will serialise there)"
+                if self.actor_device in self.learner_devices else "")
+        if self.mesh is None:
+            return f"placement: actors on {self.actor_device}, learner on {self.learner_device}{same}"
+        names = ", ".join(str(d) for d in self.learner_devices)
+        return (f"placement: actors on {self.actor_device}, {len(self.learner_devices)} data-parallel learners on "
+                f"{names}{same}")
 
     def _time(self, name: str, t0: float) -> None:
         with self.timers_lock:
@@ -94,7 +168,7 @@ class AsyncPPO:
             if i == 0:
                 self.obs_rms = state.obs_rms
             t0 = time.perf_counter()
-            traj = jax.block_until_ready(jax.device_put(traj, self.learner_device))
+            traj = jax.block_until_ready(self.to_learner(traj))
             self._time("h2d_s", t0)
             return traj, self.config.batch_size
         return act

@@ -59,8 +59,13 @@ class TrajectoryChunker:
     transitions of one env: within a column, ``final_obs[t] == obs[t+1]`` unless ``done[t]``
     (then ``obs[t+1]`` is the first obs of the next episode).
 
-    Accounting: ``transitions_in == transitions_out + resident`` and
+    Accounting: ``transitions_in == transitions_out + transitions_discarded + resident`` and
     ``actions_recorded == transitions_in + actions_discarded + pending`` at all times.
+
+    :meth:`discard` drops everything resident and everything in flight, so that a chunk holds only
+    transitions acted with the params of one rollout: the async actor calls it when a rollout
+    starts with new params (leftovers of the previous rollout carry an older policy version and
+    would break the lag bound or the ``sync`` schedule's exactness).
 
     Memory: the ring holds ``N * capacity`` transitions, each
     ``2 * obs_bytes + action_bytes + 25`` bytes (obs and final_obs; 4-byte log_prob, value, reward,
@@ -118,6 +123,9 @@ class TrajectoryChunker:
         self._pending = {k: np.zeros((n, *self._specs[k][0]), self._specs[k][1])
                          for k in ("obs", "action", "log_prob", "value", "policy_version")}
         self._has_pending = np.zeros((n,), bool)
+        self._stale_pending = np.zeros((n,), bool)
+        self.transitions_discarded = 0
+        self.stale_actions = 0  # in-flight actions discarded by :meth:`discard` when they arrived
         self.actions_recorded = 0
         self.actions_discarded = 0
         self.transitions_in = 0
@@ -262,9 +270,12 @@ class TrajectoryChunker:
         if orphan.any():
             raise ValueError(f"record_step: valid steps for env ids {ids[orphan].tolist()} that have "
                              "no pending action; call record_action before stepping the env")
-        self.actions_discarded += int((~valid & has).sum())
+        stale = self._stale_pending[ids] & has
+        self.actions_discarded += int(((~valid & has) | stale).sum())
+        self.stale_actions += int(stale.sum())
         self._has_pending[ids] = False
-        keep = valid & has
+        self._stale_pending[ids] = False
+        keep = valid & has & ~stale
         if not keep.any():
             return 0
         rows = np.nonzero(keep)[0]
@@ -282,6 +293,16 @@ class TrajectoryChunker:
         self._count[e] += 1
         self.transitions_in += rows.size
         return int(rows.size)
+
+    def discard(self) -> int:
+        """Drop every resident transition and mark every pending action to be discarded when its
+        step arrives (its transition was acted with older params). Returns the number of resident
+        transitions dropped (added to ``transitions_discarded``)."""
+        dropped = int(self._count.sum())
+        self._count[:] = 0
+        self.transitions_discarded += dropped
+        self._stale_pending |= self._has_pending
+        return dropped
 
     # -- output ----------------------------------------------------------------------------------
 

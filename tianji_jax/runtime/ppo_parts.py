@@ -82,7 +82,8 @@ class PPOParts:
         self.config = config
         spec = config.env_spec
         self.continuous = spec.action_kind == "continuous"
-        self.env = GymnaxVecEnv(spec, config.num_envs)
+        self.spec = spec
+        self.env = GymnaxVecEnv(spec, config.num_envs) if not spec.on_host else None  # host envs: per actor
         self.network = make_network(config)
         self.tx = make_optimizer(
             config.learning_rate, config.max_grad_norm,
@@ -100,6 +101,23 @@ class PPOParts:
         """The action sent to the env: clipped to the Box bounds for continuous actions."""
         return jnp.clip(action, self._low, self._high) if self.continuous else action
 
+    def act(self, params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
+        """One policy step for a host actor: ``obs (B, *obs_shape)`` (raw, cast to float32) ->
+        ``(env_action, action, log_prob (B,), value (B,), next_key)``; ``env_action`` is ``action``
+        clipped to the Box bounds (continuous) and is what the env receives, ``action`` is what
+        the learner's ratio is computed on."""
+        key, k_act = jax.random.split(key)
+        actor_out, value = self.apply(params, obs.astype(jnp.float32))
+        action = distributions.sample(k_act, actor_out, self.continuous)
+        log_prob = distributions.log_prob(actor_out, action, self.continuous)
+        return self.env_action(action), action, log_prob, value, key
+
+    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Deterministic env action for evaluation on host envs: argmax (Discrete) or the clipped
+        Gaussian mean (Box) for raw ``obs (B, *obs_shape)``."""
+        actor_out, _ = self.apply(params, jnp.asarray(obs, jnp.float32))
+        return self.env_action(distributions.mode(actor_out, self.continuous))
+
     def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(actor_key, learner_key)`` from a run's seed key."""
         k_actor, k_learner = jax.random.split(key)
@@ -115,7 +133,7 @@ class PPOParts:
     def init_learner(self, key: jax.Array) -> LearnerState:
         """Initialise params and optimizer; version 0."""
         key, k_net = jax.random.split(key)
-        dummy = jnp.zeros((1, *self.env.observation_space.shape), jnp.float32)
+        dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
         params = self.network.init(k_net, dummy)
         return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
 
@@ -152,8 +170,16 @@ class PPOParts:
         traj["last_obs"] = obs_rms.normalize(obs) if cfg.normalize_observations else obs
         return ActorState(env_state, obs, key, obs_rms, scaler), traj
 
-    def learn(self, learner: LearnerState, traj: dict) -> tuple[LearnerState, dict[str, jax.Array]]:
+    def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
+              ) -> tuple[LearnerState, dict[str, jax.Array]]:
         """One PPO update on a trajectory ``(T, N)``; the version is incremented (one publication).
+
+        With ``axis_name`` (data-parallel learners under ``shard_map``), ``traj`` is this replica's
+        shard of the env axis ``N`` (GAE runs per env column, so columns never need each other),
+        each replica permutes its shard with its own key (the replicated ``LearnerState.key``
+        folded with the axis index), advantage statistics are global, gradients are averaged,
+        and the metrics are reduced over the axis (sums summed, maxima maxed, means averaged), so
+        the returned state and metrics are identical on every replica.
 
         V is recomputed with the learner's current params before GAE; the ratio uses the stored
         behaviour log-probs, so stale data (lag > 0) is corrected by PPO's clipped ratio.
@@ -172,19 +198,28 @@ class PPOParts:
         batch = PPOBatch(obs=flat(traj["obs"]), actions=flat(traj["action"]), log_probs=flat(traj["log_prob"]),
                          values=flat(values), advantages=flat(advantages), returns=flat(returns))
         key, k_update = jax.random.split(learner.key)
+        if axis_name is not None:
+            k_update = jax.random.fold_in(k_update, jax.lax.axis_index(axis_name))
         params, opt_state, loss_metrics = ppo_update(
             k_update, learner.params, learner.opt_state, batch, apply_fn=self.apply, tx=self.tx,
             update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
             loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
                              ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
-                             normalize_advantages=cfg.normalize_advantages))
+                             normalize_advantages=cfg.normalize_advantages),
+            axis_name=axis_name)
         lag = learner.version - traj["policy_version"]
         metrics = {
             "episode_return_sum": jnp.sum(traj["episode_return"]),
             "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
-            "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
+            # an episode for statistics ended where its length is reported (envpool Atari: a lost
+            # life is ``done`` for learning but not the end of a game)
+            "episode_count": jnp.sum(traj["episode_length"] > 0).astype(jnp.int32),
             "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)),
             "policy_lag_max": jnp.max(lag),
-            **loss_metrics,
         }
+        if axis_name is not None:
+            metrics = {k: (jax.lax.pmax(v, axis_name) if k == "policy_lag_max" else
+                           jax.lax.pmean(v, axis_name) if k == "policy_lag_mean" else jax.lax.psum(v, axis_name))
+                       for k, v in metrics.items()}
+        metrics.update(loss_metrics)  # already averaged over the axis by ppo_update
         return LearnerState(params, opt_state, key, learner.version + 1), metrics

@@ -1,0 +1,90 @@
+"""Async PPO on host env backends (envpool, gymnasium): config rules, the Sebulba actor, lag stamps."""
+
+import jax
+import numpy as np
+import pytest
+
+import tianji_jax as tj
+from tianji_jax.runtime.async_ppo import AsyncPPO
+from tianji_jax.runtime.host_actor import HostActor
+
+pytestmark = pytest.mark.timeout(300)
+
+SMALL = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_env_steps=4 * 32 * 6,
+             eval_every_env_steps=4 * 32 * 2, eval_episodes=2, runtime="async")
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(env="envpool:CartPole-v1", runtime="anakin"), "runtime"),
+    (dict(env="gymnasium:CartPole-v1", runtime="anakin"), "runtime"),
+    (dict(env="envpool:CartPole-v1", normalize_observations=True), "normalize_observations"),
+    (dict(env="envpool:CartPole-v1", scale_rewards=True), "scale_rewards"),
+    (dict(env="gymnax:CartPole-v1", env_batch_size=2), "env_batch_size"),
+    (dict(env="gymnasium:CartPole-v1", env_batch_size=2), "env_batch_size"),
+    (dict(env="envpool:CartPole-v1", env_batch_size=5), "env_batch_size"),
+    (dict(env="envpool:CartPole-v1", env_batch_size=0), "env_batch_size"),
+    (dict(env="envpool:CartPol-v1"), "CartPole-v1"),
+    (dict(env="gymnasium:NoSuchEnv-v0"), "gymnasium"),
+])
+def test_host_backend_config_errors_name_the_field(kwargs, field, compile_counter):
+    tj.PPOConfig(**SMALL)  # reading gymnax spaces compiles a few eager ops once per process
+    compile_counter.reset()
+    with pytest.raises(ValueError, match=field):
+        tj.PPOConfig(**{**SMALL, **kwargs})
+    assert compile_counter.count == 0
+
+
+def test_host_spec_reads_spaces_and_time_limit():
+    spec = tj.PPOConfig(**SMALL, env="envpool:Pong-v5").env_spec
+    assert spec.on_host and spec.observation_shape == (4, 84, 84) and spec.action_space.n == 6
+    assert spec.max_episode_steps == 27000
+    assert tj.PPOConfig(**SMALL, env="gymnasium:Acrobot-v1").env_spec.max_episode_steps == 500
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_host_actor_stamps_every_step_with_the_version_it_acted_with(batch_size):
+    config = tj.PPOConfig(**SMALL, env="envpool:CartPole-v1", env_batch_size=batch_size)
+    ppo = AsyncPPO(config)
+    try:
+        actor: HostActor = ppo.host_actors[0]
+        params = ppo.learner_state.params
+        versions = [0, 0, 3, 7]
+        for v in versions:
+            traj, steps = actor(params, v)
+            assert steps == config.batch_size
+            stamps = np.asarray(traj["policy_version"])
+            assert stamps.shape == (config.num_steps, config.num_envs) and (stamps == v).all()
+            assert traj["obs"].devices() == {ppo.learner_device}
+            done = np.asarray(traj["done"])
+            obs, final = np.asarray(traj["obs"]), np.asarray(traj["final_obs"])
+            # within a column, the successor of a step is the next step's obs unless the episode ended
+            cont = ~done[:-1]
+            assert np.allclose(final[:-1][cont], obs[1:][cont])
+        # versions 0 -> 3 -> 7 changed twice: leftovers were dropped and counted, never inserted
+        assert actor.chunker.transitions_in == (actor.chunker.transitions_out + actor.chunker.transitions_discarded
+                                                + actor.chunker.resident)
+    finally:
+        ppo.close()
+
+
+@pytest.mark.parametrize("env, schedule, batch", [("envpool:CartPole-v1", "sync", None),
+                                                  ("envpool:CartPole-v1", "relaxed", 2),
+                                                  ("gymnasium:CartPole-v1", "one_step", None)])
+def test_async_ppo_runs_on_host_envs_within_the_lag_bound(tmp_path, env, schedule, batch):
+    config = tj.PPOConfig(**SMALL, env=env, schedule=schedule, env_batch_size=batch)
+    result = tj.train(config, run_dir=tmp_path, progress=False)
+    c = result.curve
+    assert c["env_steps"][-1] == config.env_steps
+    assert np.all(c["policy_lag_max"] <= config.policy_lag_bound)
+    assert np.all(np.isfinite(c["eval_return_mean"])) and np.all(c["eval_return_mean"] >= 8)  # CartPole >= 8
+    assert np.all(c["dropped_partial"] >= 0) and (tmp_path / "final_params").is_dir()
+    assert result.state.actor is None and result.state.obs_rms is None
+
+
+def test_host_evaluate_is_deterministic_per_seed():
+    config = tj.PPOConfig(**SMALL, env="envpool:CartPole-v1")
+    result = tj.train(config, progress=False)
+    a = tj.evaluate(config, result.state, num_episodes=3, seed=5)
+    b = tj.evaluate(config, result.state, num_episodes=3, seed=5)
+    np.testing.assert_array_equal(a["returns"], b["returns"])
+    assert a["returns"].shape == (3,) and np.all(a["lengths"] >= 8)

@@ -1,0 +1,316 @@
+"""The two halves of DQN that every runtime composes: the actor's epsilon-greedy rollout, which
+builds n-step transitions stamped with the acting policy version, and the learner's block of
+``updates_per_step`` gradient updates sampled from replay.
+
+Anakin (:mod:`tianji_jax.runtime.dqn_anakin`) fuses them in one compiled loop; the async runtime
+(a later slice of issue 4) will run the same functions on different devices and threads. The
+actor and the learner own separate PRNG streams (``DQNActorState.key``, ``DQNLearnerState.key``).
+
+Sources: Mnih et al. 2015 (DQN: replay, target network, epsilon-greedy, Huber error clipping);
+van Hasselt et al. 2016 (Double DQN); Wang et al. 2016 (dueling head, in
+:class:`~tianji_jax.networks.QNetwork`); Schaul et al. 2016 (proportional prioritised replay,
+importance weights with beta annealed to 1); Hessel et al. 2018 (n-step targets in replay).
+
+Episode boundaries (design.md section 5): the env layer's ``Timestep`` keeps ``terminated`` and
+``truncated`` apart and gives the true successor ``final_obs`` of every step, so an n-step
+transition that ends in a truncation bootstraps from the true final observation, one that ends
+in a termination has discount 0 (:func:`tianji_jax.algos.dqn.n_step_transitions`).
+
+n-step windows across iterations: an iteration steps the envs only ``T = num_steps`` times
+(often ``T = 1``), fewer than ``n``. The actor therefore keeps the last ``n - 1`` steps of each env
+(``DQNActorState.history``), prepends them to the new ``T`` steps and inserts the ``T`` transitions
+that start at the oldest ``T`` steps of that window: each of them sees ``n`` future steps (or its
+episode end), so every transition is an exact n-step one, inserted once, ``n - 1`` steps late.
+Window slots not yet filled at the start of the run are masked out of the insert.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from tianji_jax import replay
+from tianji_jax.algos import dqn
+from tianji_jax.config import DQNConfig
+from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
+from tianji_jax.networks import QNetwork
+
+__all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "make_q_network", "make_dqn_optimizer"]
+
+_PER_EPS = 1e-6
+
+
+@struct.dataclass
+class DQNActorState:
+    """What a DQN actor owns (``N`` envs, window of ``H = n_step - 1`` past steps).
+
+    Attributes:
+        env_state: :class:`~tianji_jax.envs.gymnax_env.VecEnvState` of its ``N`` envs.
+        obs: ``(N, *obs_shape)`` current observations.
+        key: the actor's PRNG key (epsilon-greedy draws, env steps).
+        history: dict of the last ``H`` steps, leaves ``(H, N, ...)``: ``obs``, ``action`` (int32),
+            ``reward`` (float32), ``terminated`` / ``truncated`` (bool), ``final_obs``,
+            ``policy_version`` (int32, the version that step was acted with) and ``valid`` (bool,
+            False until the slot holds a real step). Empty (``H = 0``) for one-step targets.
+        env_steps: int32 scalar, env steps this actor has taken (drives the epsilon schedule).
+    """
+
+    env_state: VecEnvState
+    obs: jax.Array
+    key: jax.Array
+    history: dict
+    env_steps: jax.Array
+
+
+@struct.dataclass
+class DQNLearnerState:
+    """What the DQN learner owns.
+
+    Attributes:
+        params: online :class:`~tianji_jax.networks.QNetwork` params.
+        target_params: target-network params (Mnih et al. 2015).
+        opt_state: optax state.
+        key: the learner's PRNG key (replay sampling).
+        version: int32 scalar policy version = number of learner blocks run (parameter publications).
+        gradient_steps: int32 scalar, optimizer steps taken (``version * updates_per_step``).
+    """
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+    key: jax.Array
+    version: jax.Array
+    gradient_steps: jax.Array
+
+
+def make_q_network(config: DQNConfig) -> QNetwork:
+    """The :class:`~tianji_jax.networks.QNetwork` for ``config``'s env (``A = action_space.n``)."""
+    return QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
+                    activation=config.activation, dueling=config.dueling)
+
+
+def make_dqn_optimizer(config: DQNConfig) -> optax.GradientTransformation:
+    """Adam (``learning_rate``, eps 1e-8 as CleanRL/PureJaxRL) after global-norm clipping at ``max_grad_norm``."""
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate))
+
+
+class DQNParts:
+    """Pure DQN actor and learner functions for one config (not jitted here; callers jit).
+
+    Args:
+        config: a validated :class:`~tianji_jax.config.DQNConfig`.
+
+    Attributes:
+        config, env (:class:`GymnaxVecEnv` of ``num_envs``), network (:class:`QNetwork`), tx
+        (optax), num_actions ``A``, history_len ``H = n_step - 1``, example_item (one replay item:
+        a :class:`~tianji_jax.algos.dqn.Transition` of ``jax.ShapeDtypeStruct``).
+    """
+
+    def __init__(self, config: DQNConfig):
+        if not isinstance(config, DQNConfig):
+            raise TypeError(f"config must be a DQNConfig, got {type(config).__name__}")
+        self.config = config
+        spec = config.env_spec
+        self.env = GymnaxVecEnv(spec, config.num_envs)
+        self.network = make_q_network(config)
+        self.tx = make_dqn_optimizer(config)
+        self.num_actions = int(spec.action_space.n)
+        self.history_len = config.n_step - 1
+        self.obs_shape = tuple(spec.observation_shape)
+        self.obs_dtype = jax.dtypes.canonicalize_dtype(spec.observation_space.dtype)
+        obs = jax.ShapeDtypeStruct(self.obs_shape, self.obs_dtype)
+        self.example_item = dqn.Transition(obs=obs, action=jax.ShapeDtypeStruct((), jnp.int32),
+                                           reward=jax.ShapeDtypeStruct((), jnp.float32),
+                                           discount=jax.ShapeDtypeStruct((), jnp.float32), next_obs=obs)
+
+    # ---- network ------------------------------------------------------------------------------
+    def apply(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Q-values: ``obs (B, *obs_shape)`` -> ``(B, A)`` float32."""
+        return self.network.apply(params, obs)
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
+        return jnp.argmax(self.apply(params, obs), axis=-1).astype(jnp.int32)
+
+    def epsilon(self, env_steps: jax.Array) -> jax.Array:
+        """float32 exploration epsilon after ``env_steps`` env steps: linear from ``epsilon_start``
+        to ``epsilon_end`` over ``config.epsilon_decay_steps`` (Mnih et al. 2015), then constant."""
+        cfg = self.config
+        return dqn.linear_epsilon(env_steps, cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_decay_steps)
+
+    def per_beta(self, env_steps: jax.Array) -> jax.Array:
+        """float32 importance-sampling exponent: linear from ``per_beta_start`` to 1 over the run's
+        env steps (Schaul et al. 2016, sec. 3.4)."""
+        cfg = self.config
+        frac = jnp.clip(jnp.asarray(env_steps, jnp.float32) / cfg.env_steps, 0.0, 1.0)
+        return (cfg.per_beta_start + (1.0 - cfg.per_beta_start) * frac).astype(jnp.float32)
+
+    # ---- init ---------------------------------------------------------------------------------
+    def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(actor_key, learner_key)`` from a run's seed key."""
+        k_actor, k_learner = jax.random.split(key)
+        return k_actor, k_learner
+
+    def init_actor(self, key: jax.Array) -> DQNActorState:
+        """Reset the actor's envs, empty history window; ``key`` becomes its PRNG stream."""
+        key, k_env = jax.random.split(key)
+        env_state, obs = self.env.reset(k_env)
+        h, n = self.history_len, self.config.num_envs
+        history = {
+            "obs": jnp.zeros((h, n, *self.obs_shape), self.obs_dtype),
+            "action": jnp.zeros((h, n), jnp.int32),
+            "reward": jnp.zeros((h, n), jnp.float32),
+            "terminated": jnp.zeros((h, n), bool),
+            "truncated": jnp.zeros((h, n), bool),
+            "final_obs": jnp.zeros((h, n, *self.obs_shape), self.obs_dtype),
+            "policy_version": jnp.full((h, n), -1, jnp.int32),
+            "valid": jnp.zeros((h, n), bool),
+        }
+        return DQNActorState(env_state, obs.astype(self.obs_dtype), key, history, jnp.zeros((), jnp.int32))
+
+    def init_learner(self, key: jax.Array) -> DQNLearnerState:
+        """Initialise online params (target = a copy), optimizer; version 0, no gradient steps."""
+        key, k_net = jax.random.split(key)
+        params = self.network.init(k_net, jnp.zeros((1, *self.obs_shape), jnp.float32))
+        zero = jnp.zeros((), jnp.int32)
+        return DQNLearnerState(params, jax.tree.map(jnp.copy, params), self.tx.init(params), key, zero, zero)
+
+    def init_replay(self) -> replay.ReplayState:
+        """An empty replay buffer of ``buffer_capacity`` transitions (memory already checked by the
+        config; traceable, so it can live inside a jitted / vmapped ``init``)."""
+        return replay.init(self.example_item, self.config.buffer_capacity, check_memory=False)
+
+    # ---- actor --------------------------------------------------------------------------------
+    def rollout(self, params: Any, version: jax.Array, actor: DQNActorState
+                ) -> tuple[DQNActorState, dqn.Transition, jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``T = num_steps`` epsilon-greedy steps of the actor's ``N`` envs with ``params``.
+
+        Args:
+            params: online Q-network params to act with.
+            version: int32 scalar, the version of ``params``; every step is stamped with it.
+            actor: the actor's state.
+
+        Returns:
+            ``(actor, items, item_version, mask, stats)``: ``items`` a
+            :class:`~tianji_jax.algos.dqn.Transition` with leaves ``(T * N, ...)`` (time-major
+            flattening), ``item_version`` ``(T * N,)`` int32 version each transition's first step
+            was acted with, ``mask`` ``(T * N,)`` bool (False for window slots not yet filled), and
+            ``stats``: ``episode_return_sum`` / ``episode_length_sum`` (float32) and
+            ``episode_count`` (int32) of the episodes that ended, ``epsilon`` (float32, at the
+            first step).
+        """
+        cfg = self.config
+        n_envs, a = cfg.num_envs, self.num_actions
+
+        def step(carry, _):
+            env_state, obs, key, env_steps = carry
+            key, k_explore, k_random, k_env = jax.random.split(key, 4)
+            eps = self.epsilon(env_steps)
+            greedy = self.greedy_action(params, obs)
+            random_action = jax.random.randint(k_random, (n_envs,), 0, a, dtype=jnp.int32)
+            explore = jax.random.uniform(k_explore, (n_envs,)) < eps
+            action = jnp.where(explore, random_action, greedy)
+            env_state, ts = self.env.step(k_env, env_state, action)
+            out = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
+                   "truncated": ts.truncated, "final_obs": ts.final_obs.astype(self.obs_dtype),
+                   "policy_version": jnp.full((n_envs,), version, jnp.int32), "valid": jnp.ones((n_envs,), bool),
+                   "episode_return": ts.episode_return, "episode_length": ts.episode_length, "done": ts.done,
+                   "epsilon": eps}
+            return (env_state, ts.obs.astype(self.obs_dtype), key, env_steps + n_envs), out
+
+        carry = (actor.env_state, actor.obs, actor.key, actor.env_steps)
+        (env_state, obs, key, env_steps), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
+        t = cfg.num_steps
+        h = self.history_len
+        window = {k: (jnp.concatenate([actor.history[k], traj[k]], axis=0) if h else traj[k])
+                  for k in actor.history}
+        trans = dqn.n_step_transitions(window["obs"], window["action"], window["reward"], window["terminated"],
+                                       window["truncated"], window["final_obs"], cfg.gamma, cfg.n_step)
+        flat = lambda x: x[:t].reshape((t * n_envs, *x.shape[2:]))  # noqa: E731 - starts 0..T-1 of the window
+        items = jax.tree.map(flat, trans)
+        history = {k: v[t:] for k, v in window.items()}  # the last H steps
+        stats = {
+            "episode_return_sum": jnp.sum(traj["episode_return"]),
+            "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
+            "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
+            "epsilon": traj["epsilon"][0],
+        }
+        new_actor = DQNActorState(env_state, obs, key, history, env_steps)
+        return new_actor, items, flat(window["policy_version"]), flat(window["valid"]), stats
+
+    def insert(self, replay_state: replay.ReplayState, items: dqn.Transition, item_version: jax.Array,
+               mask: jax.Array) -> replay.ReplayState:
+        """Add a rollout's transitions to replay (:func:`tianji_jax.replay.add`), stamped per item."""
+        return replay.add(replay_state, items, item_version, mask)
+
+    # ---- learner ------------------------------------------------------------------------------
+    def _loss(self, params: Any, target_params: Any, batch: dqn.Transition, weights: jax.Array):
+        cfg = self.config
+        q = self.apply(params, batch.obs)
+        q_next_target = self.apply(target_params, batch.next_obs)
+        if cfg.double_q:
+            boot = dqn.double_q_target(self.apply(params, batch.next_obs), q_next_target)
+        else:
+            boot = dqn.max_q_target(q_next_target)
+        targets = batch.reward + batch.discount * boot
+        loss, td = dqn.td_loss(q, batch.action, targets, weights, cfg.huber_delta)
+        q_a = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
+        return loss, (td, q_a)
+
+    def learn(self, learner: DQNLearnerState, replay_state: replay.ReplayState, env_steps: jax.Array
+              ) -> tuple[DQNLearnerState, replay.ReplayState, dict[str, jax.Array]]:
+        """One learner block: ``updates_per_step`` gradient updates (``lax.scan``), then version += 1.
+
+        Each update samples ``batch_size`` transitions (uniform, or prioritised with importance
+        weights and beta from :meth:`per_beta` at ``env_steps``), computes the n-step target
+        ``reward + discount * V(next_obs)`` with the double-Q or max-Q bootstrap from the target
+        net, takes one Adam step on the (Huber) TD loss, updates the sampled priorities (PER) and
+        the target net (hard copy every ``target_update_period`` gradient steps, or Polyak).
+
+        Args:
+            learner: the learner's state.
+            replay_state: the buffer (must hold at least one item; the config guarantees
+                ``batch_size`` items once learning starts).
+            env_steps: int32 scalar, env steps taken so far (beta annealing only).
+
+        Returns:
+            ``(learner, replay_state, metrics)``; metrics are float32 scalars, means over the
+            block's updates: ``td_loss``, ``q_mean`` (mean ``Q(s, a)`` of the sampled actions),
+            ``grad_norm`` (before clipping), ``policy_lag_mean`` and int32 ``policy_lag_max``
+            (learner version minus the sampled items' stamps, computed here).
+        """
+        cfg = self.config
+        beta = self.per_beta(env_steps)
+
+        def update(carry, _):
+            lrn, rs = carry
+            key, k_sample = jax.random.split(lrn.key)
+            if cfg.prioritized:
+                s = replay.sample_prioritised(rs, k_sample, cfg.batch_size, beta)
+            else:
+                s = replay.sample(rs, k_sample, cfg.batch_size)
+            (loss, (td, q_a)), grads = jax.value_and_grad(self._loss, has_aux=True)(
+                lrn.params, lrn.target_params, s.item, s.weights if cfg.prioritized else None)
+            updates, opt_state = self.tx.update(grads, lrn.opt_state, lrn.params)
+            params = optax.apply_updates(lrn.params, updates)
+            steps = lrn.gradient_steps + 1
+            if cfg.target_update_period is not None:
+                target = dqn.periodic_hard_update(lrn.target_params, params, steps, cfg.target_update_period)
+            else:
+                target = dqn.polyak_update(lrn.target_params, params, cfg.tau)
+            if cfg.prioritized:
+                rs = replay.update_priorities(rs, s.indices, td, cfg.per_alpha, _PER_EPS,
+                                              insert_index=s.insert_index)
+            lag = lrn.version - s.policy_version
+            metrics = {"td_loss": loss, "q_mean": jnp.mean(q_a), "grad_norm": optax.tree.norm(grads),
+                       "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)), "policy_lag_max": jnp.max(lag)}
+            return (DQNLearnerState(params, target, opt_state, key, lrn.version, steps), rs), metrics
+
+        (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None,
+                                                  length=cfg.updates_per_step)
+        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.mean(v)) for k, v in m.items()}
+        return learner.replace(version=learner.version + 1), replay_state, metrics

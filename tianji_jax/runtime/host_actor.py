@@ -1,0 +1,146 @@
+"""The Sebulba actor: a host env (envpool or gymnasium) stepped on the CPU, the policy on a JAX device.
+
+Each step the actor sends the observations of the envs awaiting an action to its device, runs the
+jitted policy there, brings the actions back and steps the host env; a
+:class:`~tianji_jax.runtime.chunker.TrajectoryChunker` turns the stream (reset steps dropped, any
+env arrival order in envpool's async mode) into ``(T, N)`` trajectories, which go to the learner's
+device. envpool releases the GIL while it steps, so actor threads and the learner overlap
+(Hessel et al. 2021, "Podracer architectures for scalable RL", Sebulba).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from tianji_jax.config import PPOConfig
+from tianji_jax.envs.host import HostStep
+from tianji_jax.runtime.chunker import TrajectoryChunker
+
+__all__ = ["HostActor", "host_env_seed", "make_host_evaluate"]
+
+
+def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
+    """envpool/gymnasium base seed of actor ``actor_id``: disjoint per-env seeds across actors of
+    one run (env ``i`` of the actor gets ``base + i``), kept in [0, 2**31)."""
+    return (int(seed) + actor_id * num_envs) % 2**31
+
+
+class HostActor:
+    """One actor thread's env, policy and chunker. Call it as the runtime's ``act(params, version)``.
+
+    Args:
+        config: the :class:`PPOConfig` (``env`` on a host backend).
+        policy: jitted ``(params, obs (B, *obs), key) -> (env_action, action, log_prob, value, key)``
+            (:meth:`~tianji_jax.runtime.ppo_parts.PPOParts.act`).
+        actor_id: index of this actor (seeds its envs and its key).
+        key: the actor's PRNG key.
+        actor_device: where the policy runs.
+        to_learner: ``to_learner(traj) -> traj`` places a finished trajectory on the learner's
+            device(s) (sharded over data-parallel learners).
+        timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to the named phase (``rollout_s`` =
+            inference + env step, ``h2d_s`` = transfers).
+
+    Attributes:
+        chunker: the :class:`TrajectoryChunker`; ``chunker.transitions_discarded`` counts env steps
+            dropped because a new rollout started with newer params (see :meth:`__call__`).
+        env_steps: every env step taken, reset steps included.
+    """
+
+    def __init__(self, config: PPOConfig, policy: Callable, actor_id: int, key: jax.Array, actor_device: Any,
+                 to_learner: Callable[[dict], dict], timer: Callable[[str, float], None]):
+        spec = config.env_spec
+        self.config, self.policy, self.actor_id = config, policy, actor_id
+        self.actor_device, self.to_learner, self._time = actor_device, to_learner, timer
+        self.env = spec.make_host_env(config.num_envs, host_env_seed(config.seed, actor_id, config.num_envs),
+                                      config.env_batch_size)
+        self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, spec.observation_space,
+                                                     spec.action_space)
+        self.key = jax.device_put(key, actor_device)
+        self.env_steps = 0
+        self._step: HostStep | None = None
+        self._version: int | None = None
+
+    def __call__(self, params: Any, version: int) -> tuple[dict[str, jax.Array], int]:
+        """Step until every env has ``T`` transitions acted with ``params`` (stamped ``version``).
+
+        Transitions left over from the previous call (an env that had fewer resets runs ahead) and
+        actions still in flight are dropped when ``version`` differs from the previous call's, so
+        every step of a trajectory carries ``version`` and the lag gate judges it exactly.
+
+        Returns:
+            ``(traj, T * N)``: the trajectory dict of
+            :meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.pop` as arrays on the learner's
+            device.
+        """
+        t0 = time.perf_counter()
+        params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+        self._time("h2d_s", t0)
+        if self._version is not None and version != self._version:
+            self.chunker.discard()
+        self._version = version
+        t0 = time.perf_counter()
+        if self._step is None:
+            self._step = self.env.reset()
+        while not self.chunker.ready():
+            step = self._step
+            env_action, action, log_prob, value, self.key = self.policy(
+                params, jax.device_put(step.obs, self.actor_device), self.key)
+            env_action, action, log_prob, value = jax.device_get((env_action, action, log_prob, value))
+            self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version)
+            self._step = self.env.step(np.asarray(env_action), step.env_id)
+            self.env_steps += len(self._step)
+            self.chunker.record_step(self._step)
+        traj = self.chunker.pop()
+        self._time("rollout_s", t0)
+        t0 = time.perf_counter()
+        traj = jax.block_until_ready(self.to_learner(traj))
+        self._time("h2d_s", t0)
+        return traj, self.config.batch_size
+
+    def close(self) -> None:
+        """Close the host env."""
+        self.env.close()
+
+
+def make_host_evaluate(config: PPOConfig, greedy: Callable, num_episodes: int) -> Callable:
+    """``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)`` on a host env.
+
+    ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
+    with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
+    ``obs_rms`` is unused (host backends do not normalise observations). An episode is a full game
+    for envpool Atari (:mod:`tianji_jax.envs.host`); it is cut after the spec's time limit.
+
+    Raises:
+        ValueError: ``num_episodes < 1``.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    spec = config.env_spec
+    limit = spec.episode_limit or 100_000
+
+    def evaluate(params: Any, obs_rms: Any, key: jax.Array):
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        env = spec.make_host_env(num_episodes, seed)
+        try:
+            returns = np.zeros(num_episodes, np.float32)
+            lengths = np.zeros(num_episodes, np.int32)
+            finished = np.zeros(num_episodes, bool)
+            step = env.reset()
+            for _ in range(2 * limit + 2):  # reset steps after lost lives count too
+                action = np.asarray(greedy(params, step.obs))
+                step = env.step(action, step.env_id)
+                ended = (step.episode_length > 0) & ~finished[step.env_id]
+                returns[step.env_id[ended]] = step.episode_return[ended]
+                lengths[step.env_id[ended]] = step.episode_length[ended]
+                finished[step.env_id[ended]] = True
+                if finished.all():
+                    break
+        finally:
+            env.close()
+        return returns, lengths
+
+    return evaluate
