@@ -222,3 +222,11 @@ def test_async_learner_state_lives_on_the_learner_device():
         assert leaf.devices() == {ppo.learner_device}
     for leaf in jax.tree.leaves(ppo._actor_states[0]):
         assert leaf.devices() == {ppo.actor_device}
+
+
+def test_async_relaxed_with_vtrace_trains_and_keeps_the_bound():
+    config = tj.PPOConfig(**SMALL, runtime="async", schedule="relaxed", advantage_estimator="vtrace")
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert c["env_steps"][-1] == config.env_steps and np.all(c["policy_lag_max"] <= 2)
+    assert np.all(np.isfinite(c["value_loss"])) and np.all(np.isfinite(c["policy_loss"]))

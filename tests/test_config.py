@@ -92,6 +92,7 @@ BAD_VALUES = [
     ("gae_lambda", -0.5, ValueError, "gae_lambda"),
     ("gae_lambda", 1.5, ValueError, "gae_lambda"),
     ("gae_lambda", NAN, ValueError, "gae_lambda"),
+    ("advantage_estimator", "retrace", ValueError, r"advantage_estimator must be one of \('gae', 'vtrace'\)"),
     # clip_eps > 0
     ("clip_eps", 0.0, ValueError, "clip_eps"),
     ("clip_eps", -0.2, ValueError, "clip_eps"),

@@ -88,3 +88,23 @@ def test_host_evaluate_is_deterministic_per_seed():
     b = tj.evaluate(config, result.state, num_episodes=3, seed=5)
     np.testing.assert_array_equal(a["returns"], b["returns"])
     assert a["returns"].shape == (3,) and np.all(a["lengths"] >= 8)
+
+
+def test_atari_gets_the_nature_cnn_uint8_trajectories_and_clean_evaluation_settings():
+    config = tj.PPOConfig(env="envpool:Pong-v5", runtime="async", num_envs=2, num_steps=4, num_minibatches=1,
+                          update_epochs=1, total_env_steps=8, eval_episodes=0)
+    spec = config.env_spec
+    assert spec.is_atari and not tj.PPOConfig(**SMALL, env="envpool:CartPole-v1").env_spec.is_atari
+    ppo = AsyncPPO(config)
+    try:
+        assert ppo.parts.network.torso == "nature_cnn"
+        traj, _ = ppo.host_actors[0](ppo.learner_state.params, 0)
+        assert traj["obs"].dtype == np.uint8 and traj["obs"].shape == (4, 2, 4, 84, 84)
+        learner, metrics = ppo._learn(ppo.learner_state, traj)
+        assert np.isfinite(float(metrics["value_loss"])) and int(learner.version) == 1
+        train_cfg = ppo.host_actors[0].env._env.spec.config
+        assert train_cfg.episodic_life and train_cfg.reward_clip
+    finally:
+        ppo.close()
+    with spec.make_host_env(1, seed=0, evaluation=True) as env:
+        assert not env._env.spec.config.episodic_life and not env._env.spec.config.reward_clip

@@ -120,7 +120,10 @@ class PPOConfig:
     gamma: float = 0.99
     """Discount factor, in [0, 1]."""
     gae_lambda: float = 0.95
-    """GAE lambda (Schulman et al. 2016), in [0, 1]."""
+    """GAE lambda (Schulman et al. 2016), in [0, 1]; with V-trace, the lambda of its traces."""
+    advantage_estimator: Literal["gae", "vtrace"] = "gae"
+    """'gae', or 'vtrace' (Espeholt et al. 2018, rho_bar = c_bar = 1): advantages and value targets
+    corrected by the ratio of the learner's policy to the behaviour policy, for stale samples."""
     clip_eps: float = 0.2
     """Clipping range of the surrogate objective, > 0."""
     clip_value_loss: bool = False
@@ -178,6 +181,8 @@ class PPOConfig:
         _check_float("learning_rate", self.learning_rate, low=0.0, low_open=True)
         _check_float("gamma", self.gamma, low=0.0, high=1.0)
         _check_float("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
+        if self.advantage_estimator not in ("gae", "vtrace"):
+            raise ValueError(f"advantage_estimator must be one of ('gae', 'vtrace'), got {self.advantage_estimator!r}")
         _check_float("clip_eps", self.clip_eps, low=0.0, low_open=True)
         _check_float("vf_coef", self.vf_coef, low=0.0)
         _check_float("ent_coef", self.ent_coef, low=0.0)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ActorCritic", "QNetwork"]
+__all__ = ["ActorCritic", "NatureCNN", "QNetwork"]
 
 _ACT = {"tanh": nn.tanh, "relu": nn.relu}
 
@@ -23,16 +23,37 @@ def _dense(features: int, scale: float) -> nn.Dense:
                     bias_init=nn.initializers.constant(0.0))
 
 
+class NatureCNN(nn.Module):
+    """The DQN/Atari torso of Mnih et al. 2015 (Nature, "Methods: model architecture"): conv 32x8x8
+    stride 4, conv 64x4x4 stride 2, conv 64x3x3 stride 1, dense 512, ReLU after each; orthogonal
+    init with gain sqrt(2) as in CleanRL's ``ppo_atari.py``.
+
+    ``__call__(obs)``: ``(B, C, H, W)`` frames (envpool's channels-first stack, e.g. ``(B, 4, 84,
+    84)`` uint8 in [0, 255]) -> ``(B, 512)`` float32 features; inputs are divided by 255.
+    """
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))  # NCHW -> NHWC
+        init = nn.initializers.orthogonal(np.sqrt(2))
+        for feat, k, st in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(nn.Conv(feat, (k, k), (st, st), padding="VALID", kernel_init=init,
+                                bias_init=nn.initializers.constant(0.0))(x))
+        return nn.relu(_dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1))))
+
+
 class ActorCritic(nn.Module):
-    """Actor-critic MLP.
+    """Actor-critic: separate MLPs (``torso='mlp'``) or a shared :class:`NatureCNN` torso
+    (``torso='nature_cnn'``, image observations) with linear actor and critic heads.
 
     Attributes:
         action_dim: number of actions (Discrete) or action dimensions (Box).
         continuous: ``False`` -> the actor outputs ``(B, action_dim)`` float32 logits;
             ``True`` -> it outputs the Gaussian mean ``(B, action_dim)`` and a state-independent
             ``log_std`` parameter ``(action_dim,)`` (initialised to 0).
-        hidden_sizes: hidden widths of each MLP.
-        activation: ``"tanh"`` or ``"relu"``.
+        hidden_sizes: hidden widths of each MLP (unused by the CNN torso).
+        activation: ``"tanh"`` or ``"relu"`` (MLP only).
+        torso: ``"mlp"`` or ``"nature_cnn"``.
 
     ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype, flattened and cast to float32)
     and returns ``(actor_out, value)``: ``actor_out`` is logits ``(B, A)`` or ``(mean (B, A),
@@ -43,23 +64,26 @@ class ActorCritic(nn.Module):
     continuous: bool = False
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    torso: str = "mlp"
 
     @nn.compact
     def __call__(self, obs: jax.Array):
-        act = _ACT[self.activation]
-        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
-        a = x
-        for h in self.hidden_sizes:
-            a = act(_dense(h, np.sqrt(2))(a))
+        if self.torso == "nature_cnn":
+            a = c = NatureCNN()(obs)
+        else:
+            act = _ACT[self.activation]
+            x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+            a, c = x, x
+            for h in self.hidden_sizes:
+                a = act(_dense(h, np.sqrt(2))(a))
+            for h in self.hidden_sizes:
+                c = act(_dense(h, np.sqrt(2))(c))
         head = _dense(self.action_dim, 0.01)(a)
         if self.continuous:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
             actor_out = (head, log_std)
         else:
             actor_out = head
-        c = x
-        for h in self.hidden_sizes:
-            c = act(_dense(h, np.sqrt(2))(c))
         value = _dense(1, 1.0)(c)[:, 0]
         return actor_out, value
 

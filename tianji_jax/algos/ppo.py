@@ -4,7 +4,8 @@ Sources: Schulman et al. 2017 ("Proximal Policy Optimization Algorithms", eq. 7 
 GAE from Schulman et al. 2016 ("High-Dimensional Continuous Control Using Generalized Advantage
 Estimation", eq. 16); implementation details (advantage normalisation per minibatch, value
 clipping, global-norm clipping, annealing) from Huang et al. 2022 ("The 37 Implementation
-Details of PPO").
+Details of PPO"); V-trace from Espeholt et al. 2018 ("IMPALA", section 4.1, eq. 1 and the
+policy-gradient advantage of section 4.2).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flax import struct
 
 from tianji_jax.algos import distributions
 
-__all__ = ["gae", "PPOBatch", "ppo_loss", "ppo_update", "make_optimizer"]
+__all__ = ["gae", "vtrace", "PPOBatch", "ppo_loss", "ppo_update", "make_optimizer"]
 
 
 def gae(
@@ -73,6 +74,70 @@ def gae(
 
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
     return advantages, advantages + values
+
+
+def vtrace(
+    rewards: jax.Array,
+    values: jax.Array,
+    last_value: jax.Array,
+    final_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    log_rhos: jax.Array,
+    gamma: float,
+    trace_lambda: float = 1.0,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """V-trace targets and policy-gradient advantages for off-policy (stale) trajectories.
+
+    Espeholt et al. 2018, eq. 1: with ``rho[t] = min(rho_bar, pi/mu)``, ``c[t] = lambda *
+    min(c_bar, pi/mu)`` and ``next_v`` as in :func:`gae` (``final_values`` where truncated)::
+
+        delta[t] = rho[t] * (r[t] + gamma * (1 - terminated[t]) * next_v[t] - values[t])
+        vs[t] - values[t] = delta[t] + gamma * (1 - done[t]) * c[t] * (vs[t+1] - next_v[t])
+
+    (``vs[T]`` = ``last_value``; a truncation or termination cuts the trace, and a truncated
+    step bootstraps from V of the true final observation), and the policy-gradient advantage
+    ``A[t] = rho[t] * (r[t] + gamma * (1 - terminated[t]) * vs_next[t] - values[t])`` with
+    ``vs_next[t] = vs[t+1]`` inside an episode and ``next_v[t]`` where it ended. On-policy
+    (``log_rhos = 0``) ``vs`` equals the GAE(lambda) returns of :func:`gae`.
+
+    Args:
+        rewards, values, final_values, terminated, truncated: ``(T, ...)`` as in :func:`gae`.
+        last_value: ``(...)`` V of the observation after the last step.
+        log_rhos: ``(T, ...)`` float ``log pi(a|s) - log mu(a|s)`` (learner minus behaviour).
+        gamma: discount in [0, 1].
+        trace_lambda: the lambda of the traces ``c`` (1 in the paper; use ``gae_lambda``).
+        rho_bar, c_bar: truncation levels (the paper's default 1).
+
+    Returns:
+        ``(pg_advantages, vs)``: both ``(T, ...)`` float32; ``vs`` are the value targets.
+    """
+    rewards, values, last_value, final_values, log_rhos = (jnp.asarray(x, jnp.float32) for x in
+                                                           (rewards, values, last_value, final_values, log_rhos))
+    terminated = jnp.asarray(terminated, bool)
+    truncated = jnp.asarray(truncated, bool)
+    ratio = jnp.exp(log_rhos)
+    rho = jnp.minimum(rho_bar, ratio)
+    c = trace_lambda * jnp.minimum(c_bar, ratio)
+    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    next_values = jnp.where(truncated, final_values, next_values)
+    not_term = 1.0 - terminated.astype(jnp.float32)
+    not_done = 1.0 - (terminated | truncated).astype(jnp.float32)
+    deltas = rho * (rewards + gamma * not_term * next_values - values)
+
+    def backward(acc_next, xs):  # acc = vs - values
+        delta, nd, ct = xs
+        acc = delta + gamma * nd * ct * acc_next
+        return acc, acc
+
+    _, acc = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done, c), reverse=True)
+    vs = acc + values
+    vs_next = jnp.concatenate([vs[1:], last_value[None]], axis=0)
+    vs_next = jnp.where(not_done > 0, vs_next, next_values)
+    pg_adv = rho * (rewards + gamma * not_term * vs_next - values)
+    return pg_adv, vs
 
 
 @struct.dataclass

@@ -47,13 +47,29 @@ class EnvSpec:
     episode_limit: int | None = None
 
     @property
+    def is_atari(self) -> bool:
+        """An envpool Atari game (image observations, episodic-life option)."""
+        if self.backend != "envpool":
+            return False
+        import envpool
+
+        return "episodic_life" in envpool.make_spec(self.name)._config_keys
+
+    @property
     def on_host(self) -> bool:
         """True for the host backends (envpool, gymnasium), which only the async runtime runs."""
         return self.backend in HOST_BACKENDS
 
-    def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None):
+    def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None, evaluation: bool = False):
         """A new host vectorised env of this spec (:class:`~tianji_jax.envs.host.EnvpoolVecEnv`
         or :class:`~tianji_jax.envs.host.GymnasiumVecEnv`).
+
+        envpool Atari games get the settings of CleanRL's envpool agents for training: 4 stacked
+        84x84 grey frames, frame skip 4, up to 30 no-op starts, fire reset (envpool's defaults),
+        ``episodic_life=True`` (a lost life ends the episode for learning; statistics still
+        count whole games) and ``reward_clip=True`` (rewards clipped to their sign; statistics
+        use the raw score), no sticky actions (``repeat_action_probability=0``, unlike Machado et
+        al. 2018). ``evaluation=True`` turns episodic life and reward clipping off.
 
         Raises:
             ValueError: a gymnax spec, or ``batch_size`` for gymnasium (sync only).
@@ -61,7 +77,10 @@ class EnvSpec:
         from tianji_jax.envs import host
 
         if self.backend == "envpool":
-            return host.EnvpoolVecEnv(self.name, num_envs, batch_size=batch_size, seed=seed)
+            kwargs = {}
+            if self.is_atari:
+                kwargs = dict(episodic_life=not evaluation, reward_clip=not evaluation)
+            return host.EnvpoolVecEnv(self.name, num_envs, batch_size=batch_size, seed=seed, **kwargs)
         if self.backend == "gymnasium":
             if batch_size not in (None, num_envs):
                 raise ValueError(f"env_batch_size={batch_size}: gymnasium vector envs are sync only "

@@ -112,7 +112,8 @@ def make_host_evaluate(config: PPOConfig, greedy: Callable, num_episodes: int) -
     ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
     with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
     ``obs_rms`` is unused (host backends do not normalise observations). An episode is a full game
-    for envpool Atari (:mod:`tianji_jax.envs.host`); it is cut after the spec's time limit.
+    for envpool Atari (:mod:`tianji_jax.envs.host`), played without episodic life or reward
+    clipping; it is cut after the spec's time limit.
 
     Raises:
         ValueError: ``num_episodes < 1``.
@@ -124,7 +125,7 @@ def make_host_evaluate(config: PPOConfig, greedy: Callable, num_episodes: int) -
 
     def evaluate(params: Any, obs_rms: Any, key: jax.Array):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-        env = spec.make_host_env(num_episodes, seed)
+        env = spec.make_host_env(num_episodes, seed, evaluation=True)
         try:
             returns = np.zeros(num_episodes, np.float32)
             lengths = np.zeros(num_episodes, np.int32)

@@ -15,7 +15,7 @@ from flax import struct
 
 from tianji_jax.algos import distributions
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
-from tianji_jax.algos.ppo import PPOBatch, gae, make_optimizer, ppo_update
+from tianji_jax.algos.ppo import PPOBatch, gae, make_optimizer, ppo_update, vtrace
 from tianji_jax.config import PPOConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.networks import ActorCritic
@@ -60,12 +60,14 @@ class LearnerState:
 
 
 def make_network(config: PPOConfig) -> ActorCritic:
-    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box)."""
+    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box); the
+    Nature CNN torso for rank-3 (``C, H, W``) observations such as envpool Atari, else MLPs."""
     spec = config.env_spec
     continuous = spec.action_kind == "continuous"
     action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
+    torso = "nature_cnn" if len(spec.observation_shape) == 3 else "mlp"  # image frames (Atari)
     return ActorCritic(action_dim=action_dim, continuous=continuous,
-                       hidden_sizes=tuple(config.hidden_sizes), activation=config.activation)
+                       hidden_sizes=tuple(config.hidden_sizes), activation=config.activation, torso=torso)
 
 
 class PPOParts:
@@ -182,19 +184,28 @@ class PPOParts:
         the returned state and metrics are identical on every replica.
 
         V is recomputed with the learner's current params before GAE; the ratio uses the stored
-        behaviour log-probs, so stale data (lag > 0) is corrected by PPO's clipped ratio.
+        behaviour log-probs, so stale data (lag > 0) is corrected by PPO's clipped ratio. With
+        ``advantage_estimator='vtrace'`` the advantages and value targets come from
+        :func:`~tianji_jax.algos.ppo.vtrace` (rho_bar = c_bar = 1, traces scaled by ``gae_lambda``)
+        with the importance ratios of the learner's current policy over the behaviour policy.
         Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
         ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
         """
         cfg = self.config
         t, n = traj["reward"].shape
         flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
-        _, values = self.apply(learner.params, flat(traj["obs"]))
+        actor_out, values = self.apply(learner.params, flat(traj["obs"]))
         _, last_value = self.apply(learner.params, traj["last_obs"])
         _, final_values = self.apply(learner.params, flat(traj["final_obs"]))
         values = values.reshape((t, n))
-        advantages, returns = gae(traj["reward"], values, last_value, final_values.reshape((t, n)),
-                                  traj["terminated"], traj["truncated"], cfg.gamma, cfg.gae_lambda)
+        if cfg.advantage_estimator == "vtrace":  # off-policy correction of stale samples (IMPALA)
+            log_rhos = distributions.log_prob(actor_out, flat(traj["action"]), self.continuous) - flat(traj["log_prob"])
+            advantages, returns = vtrace(traj["reward"], values, last_value, final_values.reshape((t, n)),
+                                         traj["terminated"], traj["truncated"], log_rhos.reshape((t, n)), cfg.gamma,
+                                         cfg.gae_lambda)
+        else:
+            advantages, returns = gae(traj["reward"], values, last_value, final_values.reshape((t, n)),
+                                      traj["terminated"], traj["truncated"], cfg.gamma, cfg.gae_lambda)
         batch = PPOBatch(obs=flat(traj["obs"]), actions=flat(traj["action"]), log_probs=flat(traj["log_prob"]),
                          values=flat(values), advantages=flat(advantages), returns=flat(returns))
         key, k_update = jax.random.split(learner.key)
