@@ -75,3 +75,15 @@ def test_train_with_two_learners(capsys):
     c = result.curve
     assert c["env_steps"][-1] == config.env_steps and np.all(c["policy_lag_max"] <= config.policy_lag_bound)
     assert np.all(np.isfinite(c["eval_return_mean"]))
+
+
+@pytest.mark.parametrize("learners", [1, 2])
+def test_trajectories_and_learner_state_live_on_the_learner_devices(learners):
+    config = tj.PPOConfig(**BASE, update_epochs=1, num_minibatches=2, num_learner_devices=learners)
+    ppo = AsyncPPO(config)
+    _, traj = ppo._rollout(jax.device_put(ppo.learner_state.params, ppo.actor_device),
+                           jax.numpy.asarray(0, jax.numpy.int32), ppo._actor_states[0])
+    placed = ppo.to_learner(traj)
+    assert all(leaf.devices() == set(ppo.learner_devices) for leaf in jax.tree.leaves(placed))
+    new, _ = ppo._learn(ppo.learner_state, placed)
+    assert all(leaf.devices() == set(ppo.learner_devices) for leaf in jax.tree.leaves(new))

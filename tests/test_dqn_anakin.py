@@ -58,7 +58,8 @@ def np_tree(tree):
     (dict(target_update_period=None), "target_update_period"),  # neither
     (dict(target_update_period=None, tau=1.5), "tau"),
     (dict(target_update_period=0), "target_update_period"),
-    (dict(runtime="async"), "async"),
+    (dict(runtime="async", max_policy_lag=-1), "max_policy_lag"),
+    (dict(env="envpool:CartPole-v1"), "DQN on envpool/gymnasium is not implemented yet"),
     (dict(runtime="sebulba"), "runtime"),
     (dict(env="gymnax:Pendulum-v1"), "Discrete"),
     (dict(env="gymnax:CartPol-v1"), "CartPole-v1"),

@@ -9,11 +9,11 @@ Public API::
     tj.evaluate(config, result.state, num_episodes=10)
 """
 
-from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, make_train
 from tianji_jax.runtime.dqn_anakin import DQNAnakin, DQNTrainState, make_dqn_train
-from tianji_jax.training import METRIC_COLUMNS, TrainResult, evaluate, load_params, train
+from tianji_jax.training import METRIC_COLUMNS, LoadedRun, TrainResult, evaluate, load, load_params, train
 
 __version__ = "0.1.0"
 
@@ -21,4 +21,5 @@ __all__ = [
     "PPOConfig", "make_train", "train", "evaluate", "load_params", "TrainResult", "PPOTrainState", "PPOAnakin",
     "EvalResult", "METRIC_COLUMNS", "__version__",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
+    "CheckpointConfig", "load", "LoadedRun", "load_config",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 
 from tianji_jax.rate_limiter import RateLimiter
 
-__all__ = ["TrajectoryItem", "TrajectoryQueue"]
+__all__ = ["TrajectoryItem", "TrajectoryQueue", "ReplayIngress"]
 
 
 @dataclass
@@ -163,5 +163,125 @@ class TrajectoryQueue:
 
     def depth(self) -> int:
         """Trajectories held now."""
+        with self._cond:
+            return len(self._items)
+
+
+class ReplayIngress:
+    """The off-policy path into a learner-owned replay buffer: inbox, lag gate at insert, rate limiter.
+
+    Actors :meth:`admit` (the limiter has room) and :meth:`put` chunks of transitions (device
+    arrays on the learner's device); the learner :meth:`take` s them, inserts them into its replay
+    state itself (so only the learner thread ever touches the device buffer), and learns when the
+    limiter allows a block. Off-policy the lag gate applies *at insert* (design.md section 4.2): a
+    chunk acted with params more than ``K`` versions behind the learner when the learner takes it
+    is dropped and counted; sampling from replay is ungated (age bounded by capacity).
+
+    Samples-per-insert ``spi = replay_ratio * batch_size`` (items sampled per env step inserted);
+    a block samples ``updates_per_step * batch_size`` items. Accounting, in env steps:
+    ``produced == inserted + dropped_stale + resident`` (``resident``: in the inbox).
+
+    Args:
+        limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` counting env steps inserted and
+            items sampled.
+        max_policy_lag: ``K >= 0``.
+    """
+
+    def __init__(self, limiter: RateLimiter, max_policy_lag: int):
+        if max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
+        self.limiter = limiter
+        self.max_policy_lag = int(max_policy_lag)
+        self._cond = threading.Condition()
+        self._items: collections.deque[TrajectoryItem] = collections.deque()
+        self._seq = 0
+        self._admitted_steps = 0
+        self._admitted_items = 0
+        self.produced = 0
+        self.inserted = 0
+        self.dropped_stale = 0
+
+    def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
+        """Wait until the limiter has room for ``num_steps`` more env steps (counting admitted ones),
+        then reserve it; False on timeout or stop. Pair every True with ``put(..., admitted=True)``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not self.limiter.can_insert(self._admitted_steps + num_steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._cond.wait(min(left, 0.1))
+            self._admitted_steps += num_steps
+            self._admitted_items += 1
+            return True
+
+    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
+        """Hand a chunk to the learner; counted as inserted by the limiter now (so the actor side
+        is throttled), before the gate. ``admitted=True``: room reserved by :meth:`admit`.
+        False on timeout or stop (nothing inserted)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if admitted:
+                if self._admitted_items < 1:
+                    raise RuntimeError("put(admitted=True) without a matching admit()")
+                self._admitted_items -= 1
+                self._admitted_steps = max(0, self._admitted_steps - item.num_steps)
+            while not admitted and not self.limiter.can_insert(item.num_steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._cond.wait(min(left, 0.1))
+            item.seq = self._seq
+            self._seq += 1
+            self._items.append(item)
+            self.produced += item.num_steps
+            self.limiter.record_insert(item.num_steps)
+            self._cond.notify_all()
+            return True
+
+    def take(self, learner_version: int, sample_items: int, timeout_s: float, stop: threading.Event
+             ) -> tuple[list[TrajectoryItem], bool]:
+        """Learner side: every waiting chunk with lag ``<= K`` (staler ones are dropped and leave the
+        limiter's insert count), and whether a block of ``sample_items`` samples may run now (if
+        True it is recorded as sampled). Waits up to ``timeout_s`` for either; ``([], False)`` on
+        timeout or stop."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                fresh = []
+                for it in self._items:
+                    if learner_version - it.version > self.max_policy_lag:
+                        self.dropped_stale += it.num_steps
+                        self.limiter.record_drop(it.num_steps)
+                    else:
+                        fresh.append(it)
+                        self.inserted += it.num_steps
+                had = bool(self._items)
+                self._items.clear()
+                can = self.limiter.can_sample(sample_items)
+                if can:
+                    self.limiter.record_sample(sample_items)
+                if had or can:
+                    self._cond.notify_all()
+                if fresh or can:
+                    return fresh, can
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return [], False
+                self._cond.wait(min(left, 0.1))
+
+    def wake(self) -> None:
+        """Wake every waiter (used at shutdown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def resident(self) -> int:
+        """Env steps waiting in the inbox."""
+        with self._cond:
+            return sum(it.num_steps for it in self._items)
+
+    def depth(self) -> int:
+        """Chunks waiting in the inbox."""
         with self._cond:
             return len(self._items)

@@ -1,4 +1,5 @@
-"""The ``tianji`` command: ``tianji train`` over the same config dataclasses as the Python API.
+"""The ``tianji`` command: ``tianji train`` over the same config dataclasses as the Python API,
+``tianji eval RUN_DIR`` and ``tianji plot RUN_DIR [RUN_DIR ...]``.
 
 Every field of :class:`~tianji_jax.config.PPOConfig` is a flag (``--total-env-steps``,
 ``--num-envs``, ...) documented in ``tianji train --help``. ``--algo dqn`` switches to
@@ -16,15 +17,18 @@ from typing import Annotated, Literal
 
 import tyro
 
-from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
-__all__ = ["main", "TrainArgs", "DQNTrainArgs"]
+__all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
 
-_USAGE = """usage: tianji {train} ...
+_USAGE = """usage: tianji {train,eval,plot} ...
 
 commands:
-  train   train an agent (tianji train --help for every option)
+  train   train an agent, or continue one with --resume RUN_DIR (tianji train --help for every option)
+  eval    evaluate a run's latest checkpoint with the deterministic policy (tianji eval --help)
+  plot    draw return curves of one or more runs into a PNG (tianji plot --help)
 """
+_COMMANDS = ("train", "eval", "plot")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,14 @@ class TrainArgs:
     """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    resume: Path | None = None
+    """Continue the run in this directory from its latest complete checkpoint; the other options
+    default to that run's config, and changing one that alters the computation is an error."""
+    checkpoint: Annotated[CheckpointConfig, tyro.conf.arg(name="")] = CheckpointConfig()
+    tensorboard: bool = True
+    """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs the optional wandb package)."""
 
 
 @dataclass(frozen=True)
@@ -53,17 +65,30 @@ class DQNTrainArgs:
     """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    resume: Path | None = None
+    """Continue the run in this directory from its latest complete checkpoint; the other options
+    default to that run's config, and changing one that alters the computation is an error."""
+    checkpoint: Annotated[CheckpointConfig, tyro.conf.arg(name="")] = CheckpointConfig()
+    tensorboard: bool = True
+    """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs the optional wandb package)."""
+
+
+def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag X`` or ``--flag=X``; the last one wins)."""
+    value = default
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _algo_of(argv: list[str]) -> str:
     """The value of ``--algo`` in ``argv`` (``--algo X`` or ``--algo=X``; the last one wins), default 'ppo'."""
-    algo = "ppo"
-    for i, arg in enumerate(argv):
-        if arg == "--algo" and i + 1 < len(argv):
-            algo = argv[i + 1]
-        elif arg.startswith("--algo="):
-            algo = arg.split("=", 1)[1]
-    return algo
+    return _flag_value(argv, "--algo", "ppo")
 
 
 def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
@@ -72,24 +97,50 @@ def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
 
 
 def _train(argv: list[str]) -> int:
+    resume_dir = _flag_value(argv, "--resume", None)
     try:
-        args_type = DQNTrainArgs if _algo_of(argv) == "dqn" else TrainArgs
-        args = tyro.cli(args_type, args=argv, prog="tianji train",
+        default = None
+        if resume_dir is not None and resume_dir != "None":  # the run's config is the default of every option
+            from tianji_jax.config import load_config
+
+            stored = load_config(resume_dir)
+            algo = "dqn" if isinstance(stored, DQNConfig) else "ppo"
+            if _flag_value(argv, "--algo", algo) != algo:
+                raise ValueError(f"--algo {_algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
+            args_type = DQNTrainArgs if algo == "dqn" else TrainArgs
+            default = args_type(config=stored, algo=algo)
+        else:
+            args_type = DQNTrainArgs if _algo_of(argv) == "dqn" else TrainArgs
+        args = tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
-    except (ValueError, TypeError, MemoryError) as err:  # config validation: one clear line, no traceback
+    except (ValueError, TypeError, MemoryError, FileNotFoundError) as err:  # one clear line, no traceback
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0) or a flag tyro cannot parse (2)
         return exc.code if isinstance(exc.code, int) else 2
+    from tianji_jax.checkpoint import CheckpointError
     from tianji_jax.training import train
 
     config = args.config
-    run_dir = args.run_dir or _default_run_dir(args)
+    if args.resume is not None and args.run_dir is not None and Path(args.run_dir) != Path(args.resume):
+        print(f"tianji train: error: --run-dir {args.run_dir} and --resume {args.resume} differ; a resumed run "
+              "continues in its own directory", file=sys.stderr)
+        return 2
+    run_dir = args.resume or args.run_dir or _default_run_dir(args)
+    extras: dict = {}  # only what differs from train()'s defaults
+    if args.resume is not None:
+        extras["resume"] = True
+    if args.checkpoint != CheckpointConfig():
+        extras["checkpoint"] = args.checkpoint
+    if not args.tensorboard:
+        extras["tensorboard"] = False
+    if args.wandb:
+        extras["wandb"] = True
     print(config.describe(), flush=True)
-    print(f"run directory: {run_dir}", flush=True)
+    print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     try:
-        result = train(config, run_dir=run_dir, progress=args.progress)
-    except FileExistsError as err:
+        result = train(config, run_dir=run_dir, progress=args.progress, **extras)
+    except (FileExistsError, CheckpointError, ValueError, ImportError) as err:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     curve = result.curve
@@ -98,6 +149,93 @@ def _train(argv: list[str]) -> int:
           f"episode_return_mean {last.get('episode_return_mean', float('nan')):.1f}, "
           f"eval_return_mean {last.get('eval_return_mean', float('nan')):.1f}"
           + (" (stopped at --stop-at-return)" if result.stopped_early else ""), flush=True)
+    return 0
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """Evaluate a run's checkpoint with the deterministic policy (argmax / mean action; DQN: greedy in
+    Q) on separate envs; observation statistics are restored from the checkpoint and frozen. Prints
+    the mean and std of the episodic return."""
+
+    run_dir: tyro.conf.Positional[Path]
+    """The run directory (written by tianji train)."""
+    episodes: int = 10
+    """Episodes to play (>= 1)."""
+    seed: int = 0
+    """Seed of the evaluation envs, in [0, 2**32)."""
+    step: int | None = None
+    """Env steps of the checkpoint to evaluate (a directory name under RUN_DIR/checkpoints); default: the latest."""
+    json: bool = False
+    """Print one JSON object instead of the sentence."""
+
+
+@dataclass(frozen=True)
+class PlotArgs:
+    """Draw return against env steps and against wall time (one line per run) and, for async runs,
+    the histogram of their policy lag; writes a PNG."""
+
+    run_dirs: tyro.conf.Positional[tuple[Path, ...]]
+    """One or more run directories."""
+    out: Path | None = None
+    """PNG to write; default RUN_DIR/plot.png of the first run."""
+
+
+def _parse(cls, argv: list[str], prog: str):
+    return tyro.cli(cls, args=argv, prog=prog)
+
+
+def _eval(argv: list[str]) -> int:
+    try:
+        args = _parse(EvalArgs, argv, "tianji eval")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    import json
+    import math
+
+    import numpy as np
+
+    from tianji_jax.checkpoint import CheckpointError
+    from tianji_jax.training import evaluate, load
+
+    try:
+        if isinstance(args.episodes, bool) or args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+        if not 0 <= args.seed < 2**32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}")
+        run = load(args.run_dir, step=args.step)
+        result = evaluate(run.config, run.state, num_episodes=args.episodes, seed=args.seed)
+    except (CheckpointError, ValueError, TypeError) as err:
+        print(f"tianji eval: error: {err}", file=sys.stderr)
+        return 2
+    returns = np.asarray(result["returns"], np.float64)
+    out = {"run_dir": str(args.run_dir), "step": run.step, "episodes": args.episodes, "seed": args.seed,
+           "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+           "length_mean": float(np.mean(result["lengths"]))}
+    if args.json:
+        print(json.dumps(out), flush=True)
+    else:
+        print(f"{args.run_dir} at {run.step} env steps: return {out['return_mean']:.3f} +- {out['return_std']:.3f} "
+              f"(mean +- std over {args.episodes} episodes, seed {args.seed}; mean length "
+              f"{out['length_mean']:.1f})" + ("" if math.isfinite(out["return_mean"]) else " (non-finite)"),
+              flush=True)
+    return 0
+
+
+def _plot(argv: list[str]) -> int:
+    try:
+        args = _parse(PlotArgs, argv, "tianji plot")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    from tianji_jax.plotting import plot_runs
+
+    out = args.out or args.run_dirs[0] / "plot.png"
+    try:
+        plot_runs(args.run_dirs, out)
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        print(f"tianji plot: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}", flush=True)
     return 0
 
 
@@ -122,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return _train(rest)
-    print(f"tianji: error: unknown command {command!r}; allowed: train\n{_USAGE}", file=sys.stderr, end="")
+    if command == "eval":
+        return _eval(rest)
+    if command == "plot":
+        return _plot(rest)
+    print(f"tianji: error: unknown command {command!r}; allowed: {', '.join(_COMMANDS)}\n{_USAGE}",
+          file=sys.stderr, end="")
     return 2
 
 

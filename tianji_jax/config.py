@@ -326,7 +326,7 @@ def _divisors(n: int) -> list[int]:
 # ================================================================================================
 # DQN
 # ================================================================================================
-_DQN_RUNTIMES = ("anakin",)
+_DQN_RUNTIMES = ("anakin", "async")
 
 
 @dataclass(frozen=True)
@@ -431,8 +431,16 @@ class DQNConfig:
     """Episodes per evaluation with the greedy policy; 0 disables evaluation."""
     stop_at_return: float | None = None
     """Stop early once ``eval_return_mean`` reaches this value (needs ``eval_episodes > 0``)."""
-    runtime: Literal["anakin"] = "anakin"
-    """'anakin': acting and learning fused on one device. (Async DQN is not implemented yet.)"""
+    runtime: Literal["anakin", "async"] = "anakin"
+    """'anakin': acting and learning fused on one device; 'async': actor threads on one device
+    feed the learner's replay buffer on another through a rate limiter (TianJi mode)."""
+    max_policy_lag: int = 4
+    """Async: the lag gate at insert: a rollout acted with params more than this many versions
+    behind the learner when it reaches the replay buffer is dropped (design.md section 4.2)."""
+    num_actors: int = 1
+    """Async: actor threads, each with its own num_envs envs."""
+    stall_timeout_s: float = 60.0
+    """Async: stop with an error when the learner gets no fresh data this long."""
 
     def __post_init__(self) -> None:
         _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
@@ -463,9 +471,9 @@ class DQNConfig:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:
                 raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
-        if self.runtime == "async":
-            raise ValueError("runtime='async' is not implemented for DQN yet (planned: issue 4, async slice); "
-                             f"allowed values: {_DQN_RUNTIMES}")
+        _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
+        _check_int("num_actors", self.num_actors, minimum=1)
+        _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
         if self.runtime not in _DQN_RUNTIMES:
             raise ValueError(f"runtime must be one of {_DQN_RUNTIMES}, got {self.runtime!r}")
         # target network: exactly one of the two rules
@@ -505,8 +513,8 @@ class DQNConfig:
         if spec.action_kind != "discrete":
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
         if getattr(spec, "on_host", False):
-            raise ValueError(f"env={self.env!r} runs on the host ({spec.backend}); DQN's only runtime so far, "
-                             "'anakin', needs a gymnax env (async DQN on host envs comes later)")
+            raise ValueError(f"env={self.env!r} runs on the host ({spec.backend}); DQN runs on gymnax envs so far "
+                             "(both runtimes); DQN on envpool/gymnasium is not implemented yet")
         object.__setattr__(self, "_env_spec", spec)
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
@@ -608,8 +616,110 @@ class DQNConfig:
             f"{self.epsilon_start} -> {self.epsilon_end} over {self.epsilon_decay_steps} env steps; chunks of "
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
-            + "; Anakin runtime"
+            + (f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
+               "replay ratio held by the rate limiter" if self.runtime == "async" else "; Anakin runtime")
         )
 
 
 __all__ += ["DQNConfig"]
+
+
+# ================================================================================================
+# Checkpointing settings and loading a config back from a run directory (issue 5)
+# ================================================================================================
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How :func:`tianji_jax.train` checkpoints a run into ``RUN_DIR/checkpoints/`` (orbax).
+
+    Kept apart from :class:`PPOConfig` / :class:`DQNConfig` because none of it changes what is
+    computed: it never enters compile keys and may differ between a run and its resume.
+
+    Raises:
+        ValueError / TypeError: a field outside its allowed range (the message names the field).
+    """
+
+    checkpoint_every_env_steps: int | None = None
+    """Save a checkpoint after the first chunk that reaches each multiple of this many env steps
+    (rounded up to whole chunks); None: after every chunk (every ``eval_every_env_steps``). A final
+    checkpoint is always saved."""
+    keep_checkpoints: int = 2
+    """Keep the latest this many checkpoints (>= 1; they are what a resume continues from)."""
+    keep_best_checkpoints: int = 1
+    """Also keep the best this many by ``eval_return_mean`` (>= 0); never at the expense of the latest."""
+    checkpoint_replay: bool = True
+    """DQN: save the replay buffer's contents (needed to resume; recorded in the checkpoint's metadata).
+    Without it a checkpoint serves evaluation and ``load`` but not ``--resume``."""
+    async_checkpointing: bool = True
+    """Write checkpoints in a background thread (the host loop only waits for the device-to-host copy)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every_env_steps is not None:
+            _check_int("checkpoint_every_env_steps", self.checkpoint_every_env_steps, minimum=1)
+        _check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
+        _check_int("keep_best_checkpoints", self.keep_best_checkpoints, minimum=0)
+        _check_bool("checkpoint_replay", self.checkpoint_replay)
+        _check_bool("async_checkpointing", self.async_checkpointing)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict of the fields."""
+        return dataclasses.asdict(self)
+
+
+_ALGOS = {"ppo": PPOConfig, "dqn": DQNConfig}
+
+
+def config_from_dict(data: dict[str, Any]) -> "PPOConfig | DQNConfig":
+    """Rebuild a config from the dict written to ``config.json`` (``to_dict()`` plus ``"algo"``;
+    ``derived`` and ``description`` are ignored).
+
+    Args:
+        data: the dict; ``data["algo"]`` is ``"ppo"`` (default when absent) or ``"dqn"``.
+
+    Returns:
+        A validated :class:`PPOConfig` or :class:`DQNConfig`.
+
+    Raises:
+        ValueError: unknown ``algo``, unknown fields, or an env that was an object (written as
+            ``"object:module.Class"``; pass the config yourself for such runs), or any validation error.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"data must be a dict (the contents of config.json), got {type(data).__name__}")
+    algo = data.get("algo", "ppo")
+    if algo not in _ALGOS:
+        raise ValueError(f"algo must be one of {tuple(_ALGOS)}, got {algo!r}")
+    cls = _ALGOS[algo]
+    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {k: v for k, v in data.items() if k not in ("algo", "derived", "description")}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"config fields {unknown} are not fields of {cls.__name__} (written by another version?)")
+    env = fields.get("env")
+    if isinstance(env, str) and env.startswith("object:"):
+        raise ValueError(f"env={env!r} was an environment object, which config.json cannot hold; "
+                         "build the config yourself and pass it (train(config, run_dir=..., resume=True))")
+    if isinstance(fields.get("hidden_sizes"), list):
+        fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
+    return cls(**fields)
+
+
+def load_config(run_dir: Any) -> "PPOConfig | DQNConfig":
+    """The config of the run in ``run_dir`` (from its ``config.json``).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``config.json``.
+        ValueError: as :func:`config_from_dict`, or ``config.json`` is not valid JSON.
+    """
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory: no config.json in it")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    return config_from_dict(data)
+
+
+__all__ += ["CheckpointConfig", "config_from_dict", "load_config"]

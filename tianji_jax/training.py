@@ -13,13 +13,13 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult, make_evaluate
-from tianji_jax.logging import CSVLogger, ProgressDisplay
+from tianji_jax.logging import CSVLogger, MetricsSink, ProgressDisplay, TensorBoardLogger
 from tianji_jax.provenance import provenance
 from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, make_train
 
-__all__ = ["train", "evaluate", "load_params", "TrainResult", "METRIC_COLUMNS"]
+__all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
 
 METRIC_COLUMNS = (
     "env_steps", "update", "wall_time_s", "sps", "episode_return_mean", "episode_length_mean", "episodes",
@@ -127,92 +127,260 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def train(
-    config: PPOConfig | DQNConfig,
+    config: PPOConfig | DQNConfig | None = None,
     *,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
     callback: Callable[[dict[str, float]], None] | None = None,
+    resume: bool = False,
+    checkpoint: CheckpointConfig | None = None,
+    tensorboard: bool = True,
+    wandb: bool = False,
+    check_versions: bool = True,
 ) -> TrainResult:
     """Train PPO in Anakin mode on a gymnax env, looping over compiled chunks on the host.
 
     Each chunk runs ``config.updates_per_chunk`` updates on device; after it the host logs one
     row of :data:`METRIC_COLUMNS`, evaluates (``eval_episodes`` deterministic episodes on separate
-    envs, seeded from ``config.seed`` and the chunk index) and stops early once
-    ``eval_return_mean >= stop_at_return``.
+    envs, seeded from ``config.seed`` and the chunk index), checkpoints (with a ``run_dir``) and
+    stops early once ``eval_return_mean >= stop_at_return``.
 
     A :class:`~tianji_jax.config.DQNConfig` runs DQN in Anakin mode the same way: chunks of
     ``iterations_per_chunk`` iterations (epsilon-greedy rollout -> replay insert -> learner block),
     greedy-policy evaluation, the same run-directory files with ``"algo": "dqn"`` in ``config.json``;
     its rows fill the DQN columns of :data:`METRIC_COLUMNS`.
 
+    Checkpoints (:mod:`tianji_jax.checkpoint`): with a ``run_dir``, the whole train state is saved
+    to ``run_dir/checkpoints/<env_steps>/`` after chunks as ``checkpoint`` says (default: every
+    chunk) and after the last one, asynchronously. ``resume=True`` continues the run in ``run_dir``
+    from its latest complete checkpoint: ``metrics.csv`` is rewritten with the checkpoint's rows and
+    appended to, and an Anakin run on gymnax then gives bit-for-bit the params, counters and
+    metrics (all but the timing columns) of an uninterrupted run. The async runtime's checkpoints
+    serve :func:`load` and ``tianji eval`` but cannot be resumed yet (ValueError).
+
     Args:
-        config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction).
+        config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction); with
+            ``resume=True`` it may be None (read from ``run_dir/config.json``) and otherwise must
+            equal the checkpoint's up to ``stop_at_return`` / ``stall_timeout_s``.
         run_dir: if given, receives ``config.json`` (the resolved config with derived sizes),
-            ``provenance.json``, ``metrics.csv`` and ``final_params/`` (orbax).
+            ``provenance.json``, ``metrics.csv``, ``checkpoints/``, ``tensorboard/`` and
+            ``final_params/`` (orbax).
         progress: show a progress bar on stderr; default: when stderr is a terminal.
-        callback: called with each row (a dict) after it is logged.
+        callback: called with each row (a dict) after it is logged and checkpointed.
+        resume: continue the run in ``run_dir`` (needs ``run_dir``).
+        checkpoint: a :class:`~tianji_jax.config.CheckpointConfig`; default ``CheckpointConfig()``,
+            or on resume the one the run was started with. Ignored without ``run_dir``.
+        tensorboard: with a ``run_dir``, also write every column to TensorBoard event files in
+            ``run_dir/tensorboard`` (tensorboardX).
+        wandb: also log to Weights & Biases (needs the optional ``wandb`` package and a ``run_dir``).
+        check_versions: on resume, require the run's jax/jaxlib/flax/optax/gymnax versions.
 
     Returns:
-        A :class:`TrainResult`.
+        A :class:`TrainResult` (on resume its ``curve`` holds the restored rows too).
 
     Raises:
         TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
-        FileExistsError: ``run_dir`` already holds a run (it is never overwritten).
+        FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
+            is never overwritten).
+        ValueError: ``resume`` without ``run_dir``; the run's checkpoint was written by the async
+            runtime, or (DQN) without its replay buffer.
+        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
+        tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
+            the checkpoint's (the message names the fields).
+        ImportError: ``wandb=True`` without the ``wandb`` package.
     """
-    if isinstance(config, DQNConfig):
-        return _train_dqn(config, run_dir=run_dir, progress=progress, callback=callback)
-    if not isinstance(config, PPOConfig):
+    if resume:
+        if run_dir is None:
+            raise ValueError("resume=True needs run_dir (the directory of the run to continue)")
+        if config is None:
+            config = load_config(run_dir)
+    if config is None:
+        raise TypeError("config must be a PPOConfig or a DQNConfig, got None (None is allowed only with resume=True)")
+    if not isinstance(config, (PPOConfig, DQNConfig)):
         raise TypeError(f"config must be a PPOConfig or a DQNConfig, got {type(config).__name__}")
+    if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+        raise TypeError(f"checkpoint must be a CheckpointConfig, got {type(checkpoint).__name__}")
+    if wandb and run_dir is None:
+        raise ValueError("wandb=True needs run_dir")
+    opts = dict(run_dir=run_dir, progress=progress, callback=callback, resume=resume, checkpoint=checkpoint,
+                tensorboard=tensorboard, wandb=wandb, check_versions=check_versions)
+    if isinstance(config, DQNConfig):
+        return _train_dqn(config, **opts)
+    return _train_ppo(config, **opts)
+
+
+class _RunFiles:
+    """The run directory of one :func:`train` call: config/provenance files, the metrics sink
+    (CSV + TensorBoard + W&B), checkpoints, and the state restored on resume. Without a
+    ``run_dir`` only the in-memory rows are kept."""
+
+    def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
+                 resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
+                 template: Callable[[], Any], resumable: bool):
+        from tianji_jax import checkpoint as ckpt
+
+        self.config, self.algo, self.resumable = config, algo, resumable
+        self.ckpt_cfg = checkpoint if checkpoint is not None else CheckpointConfig()
+        self.rows: list[dict[str, float]] = []
+        self.sink: MetricsSink | None = None
+        self.ckptr: ckpt.RunCheckpointer | None = None
+        self.restored: ckpt.Restored | None = None
+        self.last_saved: int | None = None
+        self.wall_offset = 0.0
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.config_dict = {**config.to_dict(), "algo": algo}
+        self.packages = provenance()["packages"]
+        if self.run_dir is None:
+            return
+        run_dir = self.run_dir
+        if resume:
+            reader = ckpt.RunCheckpointer(run_dir, read_only=True)  # clear errors for a missing / empty directory
+            try:
+                meta = reader.read_meta()
+            finally:
+                reader.close()
+            if checkpoint is None and isinstance(meta.get("checkpoint"), dict):  # the run's own settings
+                self.ckpt_cfg = CheckpointConfig(**meta["checkpoint"])
+            self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
+            if meta.get("algo") != algo:
+                raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, the "
+                                               f"config given is {algo!r}")
+            ckpt.check_compatible(meta["config"], self.config_dict, meta.get("packages") if check_versions else None,
+                                  self.packages if check_versions else None)
+            if not meta.get("resumable", False):
+                raise ValueError(f"the checkpoints in {str(run_dir)!r} were written by the async runtime, which "
+                                 "cannot be resumed yet (they serve tianji_jax.load and tianji eval); allowed: "
+                                 "resume runs with runtime='anakin'")
+            if algo == "dqn" and not meta.get("includes_replay", False):
+                raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
+                                 "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
+            self.restored = self.ckptr.restore(template(), meta=meta)
+            self.rows = list(self.restored.rows)
+            self.last_saved = self.restored.step
+            self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
+            _write_json(run_dir / f"provenance_resume_{self.restored.step}.json", provenance())
+        else:
+            if (run_dir / "metrics.csv").exists():
+                raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new "
+                                      "directory or resume it")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            resolved = {**self.config_dict, "derived": derived, "description": config.describe()}
+            _write_json(run_dir / "config.json", resolved)
+            _write_json(run_dir / "provenance.json", provenance())
+            self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
+        loggers: list[Any] = [CSVLogger(run_dir / "metrics.csv", METRIC_COLUMNS, rows=self.rows)]
+        try:
+            if tensorboard:
+                purge = self.restored.step + 1 if self.restored is not None else None
+                loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=purge))
+            if wandb:
+                from tianji_jax.logging import WandbLogger
+
+                loggers.append(WandbLogger(run_dir, self.config_dict, resume=resume))
+        except BaseException:
+            for lg in loggers:
+                lg.close()
+            raise
+        self.sink = MetricsSink(loggers)
+
+    def _ckpt_opts(self) -> dict:
+        c = self.ckpt_cfg
+        return dict(keep_checkpoints=c.keep_checkpoints, keep_best_checkpoints=c.keep_best_checkpoints,
+                    async_save=c.async_checkpointing)
+
+    @property
+    def state(self) -> Any:
+        """The restored train state, or None."""
+        return self.restored.state if self.restored is not None else None
+
+    @property
+    def finished(self) -> bool:
+        """The restored checkpoint is the run's last (it had ended or stopped early)."""
+        return self.restored is not None and bool(self.restored.meta.get("finished", False))
+
+    def log(self, row: dict[str, float]) -> None:
+        """Keep ``row`` and write it to the sink."""
+        self.rows.append(row)
+        if self.sink is not None:
+            self.sink.write(row)
+
+    def maybe_save(self, state: Any, env_steps: int, extra: dict, *, finished: bool) -> None:
+        """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``."""
+        if self.ckptr is None or self.last_saved == env_steps:
+            return
+        every = self.ckpt_cfg.checkpoint_every_env_steps
+        due = every is None or self.last_saved is None or env_steps // every > self.last_saved // every
+        if not (due or finished):
+            return
+        include_replay = self.algo == "dqn" and self.ckpt_cfg.checkpoint_replay
+        meta = {"algo": self.algo, "config": self.config_dict, "packages": self.packages, "env_steps": int(env_steps),
+                "rows": self.rows, "includes_replay": include_replay, "resumable": self.resumable,
+                "finished": bool(finished), "runtime": getattr(self.config, "runtime", "anakin"),
+                "checkpoint": self.ckpt_cfg.to_dict(), **extra}
+        exclude = (".replay",) if self.algo == "dqn" and not include_replay else ()
+        last = self.rows[-1] if self.rows else {}
+        self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
+                        exclude_prefixes=exclude)
+        self.last_saved = env_steps
+
+    def close(self) -> None:
+        """Finish pending checkpoint writes, close the loggers."""
+        try:
+            if self.ckptr is not None:
+                self.ckptr.close()
+        finally:
+            if self.sink is not None:
+                self.sink.close()
+
+    def result(self, state: Any, stopped: bool) -> TrainResult:
+        curve = {c: np.asarray([r.get(c, math.nan) for r in self.rows], np.float64) for c in METRIC_COLUMNS}
+        return TrainResult(config=self.config, state=state, curve=curve, run_dir=self.run_dir, stopped_early=stopped)
+
+
+def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
+               check_versions) -> TrainResult:
+    """:func:`train` for a :class:`PPOConfig`."""
     start = time.perf_counter()
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
     remainder = num_updates % chunk_u
     tail_trainer = make_train(config, remainder) if remainder and config.runtime == "anakin" else None
     evaluator = _evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None
-
-    logger = None
-    if run_dir is not None:
-        run_dir = Path(run_dir)
-        if (run_dir / "metrics.csv").exists():
-            raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new directory")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = {**config.to_dict(), "algo": "ppo",
-                    "derived": {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
-                                "num_updates": num_updates, "env_steps": config.env_steps,
-                                "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps},
-                    "description": config.describe()}
-        _write_json(run_dir / "config.json", resolved)
-        _write_json(run_dir / "provenance.json", provenance())
-        logger = CSVLogger(run_dir / "metrics.csv", METRIC_COLUMNS)
+    derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
+               "num_updates": num_updates, "env_steps": config.env_steps,
+               "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
+    files = _RunFiles(config, "ppo", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
+                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
+                      template=lambda: jax.eval_shape(trainer.init, jax.random.PRNGKey(config.seed)),
+                      resumable=config.runtime == "anakin")
+    if files.finished:
+        files.close()
+        return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
 
     show = sys.stderr.isatty() if progress is None else progress
     display = ProgressDisplay(config.env_steps, show, description=f"PPO {config.env_spec.name}")
-    rows: list[dict[str, float]] = []
     stopped = False
 
     def emit(row: dict[str, float], params: Any, obs_rms: Any) -> bool:
         """Evaluate, log one row; True when early stopping triggers."""
-        chunk_index = len(rows)
+        chunk_index = len(files.rows)
         if evaluator is not None:
             eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), chunk_index)
             returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
             row["eval_return_mean"] = float(np.mean(returns))
             row["eval_return_std"] = float(np.std(returns))
-        row["wall_time_s"] = time.perf_counter() - start
-        rows.append(row)
-        if logger is not None:
-            logger.write(row)
-        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"])
-        if callback is not None:
-            callback(dict(row))
+        row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
+        files.log(row)
+        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
+                       row.get("policy_lag_mean", math.nan))
         return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
 
     try:
         if config.runtime == "async":
-            state, stopped = _run_async(config, emit)
+            state, stopped = _run_async(config, emit, files, callback)
         else:
-            state = trainer.init(jax.random.PRNGKey(config.seed))
-            updates_done = 0
+            state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
+            updates_done = int(state.learner.version)
             while updates_done < num_updates:
                 fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
                 t0 = time.perf_counter()
@@ -221,17 +389,19 @@ def train(
                 n_upd = int(m["episode_count"].shape[0])
                 updates_done += n_upd
                 row = _base_row(config, m, updates_done, n_upd * config.batch_size / (time.perf_counter() - t0))
-                if emit(row, state.params, state.obs_rms):
-                    stopped = True
+                stopped = emit(row, state.params, state.obs_rms)
+                files.maybe_save(state, updates_done * config.batch_size, {"stopped_early": stopped},
+                                 finished=stopped or updates_done >= num_updates)
+                if callback is not None:
+                    callback(dict(row))
+                if stopped:
                     break
     finally:
         display.close()
-        if logger is not None:
-            logger.close()
-    if run_dir is not None:
-        _save_params(run_dir / "final_params", state.params)
-    curve = {c: np.asarray([r.get(c, math.nan) for r in rows], np.float64) for c in METRIC_COLUMNS}
-    return TrainResult(config=config, state=state, curve=curve, run_dir=run_dir, stopped_early=stopped)
+        files.close()
+    if files.run_dir is not None:
+        _save_params(files.run_dir / "final_params", state.params)
+    return files.result(state, stopped)
 
 
 def _base_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps: float) -> dict[str, float]:
@@ -254,8 +424,12 @@ def _base_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sp
     return row
 
 
-def _run_async(config: PPOConfig, emit: Callable[..., bool]):
-    """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run."""
+def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
+               callback: Callable[[dict[str, float]], None] | None = None):
+    """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run.
+
+    After each row the learner state and actor 0's state (gymnax; None for host envs) are
+    checkpointed from the host loop (``resumable: false``: serves load/eval)."""
     from tianji_jax.runtime.async_ppo import AsyncPPO
 
     ppo = AsyncPPO(config)
@@ -295,7 +469,15 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool]):
         })
         last.update(t=now, produced=produced, consumed=consumed, actor_wait=actor_wait, learner_wait=learner_wait,
                     **timers)
-        if emit(row, ppo.learner_state.params, ppo.obs_rms):
+        # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
+        obs_rms = jax.device_put(ppo.obs_rms, ppo._replicated) if ppo.obs_rms is not None else None
+        stop = emit(row, ppo.learner_state.params, obs_rms)
+        files.maybe_save(PPOTrainState(ppo._actor_states[0], ppo.learner_state), version * config.batch_size,
+                         {"stopped_early": stop, "has_actor": ppo._actor_states[0] is not None},
+                         finished=stop or version >= config.num_updates)
+        if callback is not None:
+            callback(dict(row))
+        if stop:
             stopped[0] = True
             return True
         return False
@@ -333,6 +515,89 @@ def load_params(path: str | Path, like: Any = None) -> Any:
         raise FileNotFoundError(f"no saved params at {path} (expected a run directory or its final_params/)")
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(path, like) if like is not None else ckptr.restore(path)
+
+
+@dataclass
+class LoadedRun:
+    """What :func:`load` returns.
+
+    Attributes:
+        config: the run's :class:`PPOConfig` / :class:`DQNConfig` (from ``config.json``).
+        state: the train state of the checkpoint (:class:`~tianji_jax.runtime.anakin.PPOTrainState`
+            or :class:`~tianji_jax.runtime.dqn_anakin.DQNTrainState`; a DQN checkpoint saved without
+            its replay buffer has an empty one; an async host-env run has ``state.actor = None``).
+        step: env steps of the checkpoint.
+        meta: the checkpoint's metadata (see :mod:`tianji_jax.checkpoint`).
+        rows: ``metrics.csv`` rows up to the checkpoint.
+    """
+
+    config: PPOConfig | DQNConfig
+    state: Any
+    step: int
+    meta: dict
+    rows: list[dict[str, float]]
+
+    @property
+    def params(self) -> Any:
+        """The network params (DQN: the online Q-network)."""
+        return self.state.params
+
+    @property
+    def obs_rms(self) -> Any:
+        """Observation statistics (PPO with a gymnax actor; None otherwise)."""
+        return getattr(self.state, "obs_rms", None)
+
+
+def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True) -> Any:
+    """An abstract (``jax.eval_shape``) train state of ``config``."""
+    key = jax.random.PRNGKey(config.seed)
+    if isinstance(config, DQNConfig):
+        from tianji_jax.runtime.dqn_anakin import make_dqn_train
+
+        return jax.eval_shape(make_dqn_train(config).init, key)
+    trainer = make_train(config)
+    if not has_actor or config.env_spec.on_host:
+        return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]), key))
+    return jax.eval_shape(trainer.init, key)
+
+
+def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQNConfig | None = None) -> LoadedRun:
+    """Load a run's config and the train state of one of its checkpoints.
+
+    Args:
+        run_dir: a run directory written by :func:`train` (``config.json`` + ``checkpoints/``).
+        step: env steps of the checkpoint (``LoadedRun.meta`` / the directory names under
+            ``checkpoints/``); default: the latest complete one.
+        config: the run's config, needed only when it used an environment object (config.json
+            cannot rebuild it).
+
+    Returns:
+        A :class:`LoadedRun`; arrays are on the default device.
+
+    Raises:
+        tianji_jax.checkpoint.CheckpointError: ``run_dir`` is not a run directory, holds no complete
+            checkpoint, has no checkpoint at ``step``, or the checkpoint is corrupt (a clear
+            message; no orbax traceback).
+    """
+    from tianji_jax import checkpoint as ckpt
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ckpt.CheckpointError(f"{str(run_dir)!r} does not exist")
+    if config is None:
+        try:
+            config = load_config(run_dir)
+        except FileNotFoundError as err:
+            raise ckpt.CheckpointError(str(err)) from None
+        except (ValueError, TypeError) as err:
+            raise ckpt.CheckpointError(f"{run_dir / 'config.json'}: {err}") from None
+    ckptr = ckpt.RunCheckpointer(run_dir, read_only=True)
+    try:
+        meta = ckptr.read_meta(step)
+        restored = ckptr.restore(_state_template(config, meta.get("has_actor", True)), step=meta["step"], meta=meta)
+    finally:
+        ckptr.close()
+    return LoadedRun(config=config, state=restored.state, step=restored.step, meta=meta, rows=restored.rows)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -382,16 +647,11 @@ def _dqn_row(config: DQNConfig, m: dict[str, np.ndarray], sps: float) -> dict[st
     }
 
 
-def _train_dqn(
-    config: DQNConfig,
-    *,
-    run_dir: str | Path | None,
-    progress: bool | None,
-    callback: Callable[[dict[str, float]], None] | None,
-) -> TrainResult:
+def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
+               check_versions) -> TrainResult:
     """:func:`train` for a :class:`~tianji_jax.config.DQNConfig`: Anakin chunks of
     ``iterations_per_chunk`` iterations (act -> insert -> learn), a row of :data:`METRIC_COLUMNS`
-    after each, greedy evaluation, early stopping; the same run-directory files as PPO
+    after each, greedy evaluation, checkpoints, early stopping; the same run-directory files as PPO
     (``config.json`` with ``"algo": "dqn"``)."""
     from tianji_jax.runtime.dqn_anakin import make_dqn_train
 
@@ -401,33 +661,36 @@ def _train_dqn(
     remainder = n_iter % chunk_u
     tail_trainer = make_dqn_train(config, remainder) if remainder else None
     evaluator = _dqn_evaluator(config, config.eval_episodes) if config.eval_episodes else None
-
-    logger = None
-    if run_dir is not None:
-        run_dir = Path(run_dir)
-        if (run_dir / "metrics.csv").exists():
-            raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new directory")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = {**config.to_dict(), "algo": "dqn",
-                    "derived": {"iteration_env_steps": config.iteration_env_steps,
-                                "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
-                                "env_steps": config.env_steps, "iterations_per_chunk": chunk_u,
-                                "learning_iterations": config.learning_iterations,
-                                "num_gradient_steps": config.num_gradient_steps,
-                                "epsilon_decay_steps": config.epsilon_decay_steps,
-                                "replay_bytes": config.replay_bytes},
-                    "description": config.describe()}
-        _write_json(run_dir / "config.json", resolved)
-        _write_json(run_dir / "provenance.json", provenance())
-        logger = CSVLogger(run_dir / "metrics.csv", METRIC_COLUMNS)
+    derived = {"iteration_env_steps": config.iteration_env_steps,
+               "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
+               "env_steps": config.env_steps, "iterations_per_chunk": chunk_u,
+               "learning_iterations": config.learning_iterations,
+               "num_gradient_steps": config.num_gradient_steps,
+               "epsilon_decay_steps": config.epsilon_decay_steps,
+               "replay_bytes": config.replay_bytes}
+    files = _RunFiles(config, "dqn", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
+                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
+                      template=lambda: jax.eval_shape(trainer.init, jax.random.PRNGKey(config.seed)),
+                      resumable=getattr(config, "runtime", "anakin") == "anakin")
+    if files.finished:
+        files.close()
+        return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
 
     show = sys.stderr.isatty() if progress is None else progress
     display = ProgressDisplay(config.env_steps, show, description=f"DQN {config.env_spec.name}")
-    rows: list[dict[str, float]] = []
     stopped = False
+    if config.runtime == "async":
+        try:
+            state, stopped = _run_async_dqn(config, files, display, start, evaluator, callback)
+        finally:
+            display.close()
+            files.close()
+        if files.run_dir is not None:
+            _save_params(files.run_dir / "final_params", state.params)
+        return files.result(state, stopped)
     try:
-        state = trainer.init(jax.random.PRNGKey(config.seed))
-        done = 0
+        state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
+        done = int(state.actor.env_steps) // config.iteration_env_steps
         while done < n_iter:
             fn = trainer if n_iter - done >= chunk_u else tail_trainer
             t0 = time.perf_counter()
@@ -437,25 +700,101 @@ def _train_dqn(
             done += k
             row = _dqn_row(config, m, k * config.iteration_env_steps / (time.perf_counter() - t0))
             if evaluator is not None:
-                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(rows))
+                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
                 returns, _ = jax.device_get(evaluator(state.params, eval_key))
                 row["eval_return_mean"] = float(np.mean(returns))
                 row["eval_return_std"] = float(np.std(returns))
-            row["wall_time_s"] = time.perf_counter() - start
-            rows.append(row)
-            if logger is not None:
-                logger.write(row)
-            display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"])
+            row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
+            files.log(row)
+            display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
+                           row["policy_lag_mean"])
+            stopped = config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
+            files.maybe_save(state, done * config.iteration_env_steps, {"stopped_early": stopped},
+                             finished=stopped or done >= n_iter)
             if callback is not None:
                 callback(dict(row))
-            if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
-                stopped = True
+            if stopped:
                 break
     finally:
         display.close()
-        if logger is not None:
-            logger.close()
-    if run_dir is not None:
-        _save_params(run_dir / "final_params", state.params)
-    curve = {c: np.asarray([r.get(c, math.nan) for r in rows], np.float64) for c in METRIC_COLUMNS}
-    return TrainResult(config=config, state=state, curve=curve, run_dir=run_dir, stopped_early=stopped)
+        files.close()
+    if files.run_dir is not None:
+        _save_params(files.run_dir / "final_params", state.params)
+    return files.result(state, stopped)
+
+
+def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay, start: float,
+                   evaluator: Callable | None, callback: Callable | None) -> tuple[Any, bool]:
+    """The async DQN host loop: a row every ``iterations_per_chunk`` learner blocks (about
+    ``eval_every_env_steps`` env steps) while actors and learner run; ``env_steps`` counts env
+    steps that reached the replay buffer."""
+    from tianji_jax.runtime.async_dqn import AsyncDQN
+    from tianji_jax.runtime.dqn_anakin import DQNTrainState
+
+    every = config.iterations_per_chunk
+    dqn = AsyncDQN(config, snapshot_every=every)
+    print(dqn.describe_placement(), file=sys.stderr, flush=True)
+    runner, buf = dqn.runner, dqn.runner.buffer
+    lim = buf.limiter
+    tel = runner.telemetry
+    pending: list[dict] = []
+    last = {"t": time.perf_counter(), "produced": 0, "inserted": 0, "sampled": 0, "actor_wait": 0.0,
+            "learner_wait": 0.0, **{k: 0.0 for k in dqn.timers}}
+    stopped = [False]
+
+    def on_update(version: int, metrics: dict, _item: Any) -> bool:
+        pending.append(metrics)
+        if version % every and version != config.learning_iterations:
+            return False
+        m = {k: np.asarray([p[k] for p in pending]) for k in pending[0]}
+        pending.clear()
+        now = time.perf_counter()
+        dt = now - last["t"]
+        inserted, produced, sampled = buf.inserted, buf.produced, lim.sampled
+        with tel.lock:
+            actor_wait, learner_wait = tel.actor_wait_s, tel.learner_wait_s
+        with dqn.timers_lock:
+            timers = dict(dqn.timers)
+        count = int(m["episode_count"].sum())
+        after = max(1, inserted - config.learning_starts)
+        row = {
+            "env_steps": inserted, "update": version, "sps": (inserted - last["inserted"]) / dt,
+            "episode_return_mean": _mean(float(m["episode_return_sum"].sum()), count),
+            "episode_length_mean": _mean(float(m["episode_length_sum"].sum()), count),
+            "episodes": count, "eval_return_mean": math.nan, "eval_return_std": math.nan,
+            "grad_norm": float(np.mean(m["grad_norm"])), "policy_lag_mean": float(np.mean(m["policy_lag_mean"])),
+            "policy_lag_max": float(np.max(m["policy_lag_max"])), "epsilon": float(m["epsilon"][-1]),
+            # gradient updates per env step inserted after learning_starts (as the Anakin rows count it)
+            "replay_ratio_observed": sampled / config.batch_size / after,
+            "td_loss": float(np.mean(m["td_loss"])), "q_mean": float(np.mean(m["q_mean"])),
+            "production_sps": (produced - last["produced"]) / dt,
+            "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
+            "spi_observed": sampled / max(lim.inserted, 1), "limiter_error": lim.error,
+            "dropped_stale": buf.dropped_stale, "dropped_partial": 0,
+            "actor_wait_frac": (actor_wait - last["actor_wait"]) / (dt * config.num_actors),
+            "learner_wait_frac": (learner_wait - last["learner_wait"]) / dt, "queue_depth": buf.depth(),
+            **{k: timers[k] - last[k] for k in timers},
+        }
+        last.update(t=now, produced=produced, inserted=inserted, sampled=sampled, actor_wait=actor_wait,
+                    learner_wait=learner_wait, **timers)
+        if evaluator is not None:
+            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
+            returns, _ = jax.device_get(evaluator(dqn.learner_state.params, eval_key))
+            row["eval_return_mean"] = float(np.mean(returns))
+            row["eval_return_std"] = float(np.std(returns))
+        row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
+        files.log(row)
+        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
+                       row["policy_lag_mean"])
+        if callback is not None:
+            callback(dict(row))
+        if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
+            stopped[0] = True
+        learner, replay_copy = dqn.snapshot  # the learner thread's copies at this block (replay is donated)
+        state = DQNTrainState(dqn._actor_states[0], learner, replay_copy)
+        files.maybe_save(state, inserted, {"stopped_early": stopped[0]},
+                         finished=stopped[0] or version == config.learning_iterations)
+        return stopped[0]
+
+    runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
+    return DQNTrainState(dqn._actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]

@@ -1,0 +1,313 @@
+"""Checkpoints and resume (issue 5): exact resume of Anakin PPO and DQN (params, optimizer state,
+counters, RNG keys, normalisation statistics, replay buffer, metrics rows), a process killed while
+saving, partial (temporary) checkpoint directories, retention of the latest + best, incompatible
+configs, directories that are not checkpoints or are corrupt, async-runtime checkpoints."""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import tianji_jax as tj
+from tianji_jax.checkpoint import CheckpointError, ConfigMismatchError, RunCheckpointer
+
+pytestmark = pytest.mark.timeout(300)
+
+# 8 updates of 4 x 32 = 128 env steps, a chunk (and a checkpoint) every 2 updates = 256 env steps.
+PPO = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_env_steps=4 * 32 * 8,
+           eval_every_env_steps=4 * 32 * 2, eval_episodes=2, normalize_observations=True, scale_rewards=True)
+CHUNK_STEPS = 256
+# 40 iterations of 8 env steps, chunks of 10 iterations; learning starts inside the first chunk.
+DQN = dict(num_envs=4, num_steps=2, buffer_capacity=512, batch_size=16, learning_starts=48, replay_ratio=0.25,
+           n_step=3, target_update_period=4, total_env_steps=8 * 40, eval_every_env_steps=8 * 10,
+           eval_episodes=2, hidden_sizes=(16,), prioritized=True)
+TIMING = ("wall_time_s", "sps")
+
+
+class Interrupt(Exception):
+    """Raised from the callback to interrupt a run after a given number of chunks."""
+
+
+def interrupt_after(n: int):
+    seen = []
+
+    def callback(row):
+        seen.append(row)
+        if len(seen) == n:
+            raise Interrupt
+
+    return callback
+
+
+def assert_trees_equal(a, b):
+    la, ta = jax.tree_util.tree_flatten_with_path(a)
+    lb, tb = jax.tree_util.tree_flatten_with_path(b)
+    assert ta == tb
+    for (path, x), (_, y) in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape, jax.tree_util.keystr(path)
+        assert np.array_equal(x, y), f"{jax.tree_util.keystr(path)} differs"
+
+
+def assert_curves_equal(a, b):
+    for col in tj.METRIC_COLUMNS:
+        if col not in TIMING:
+            np.testing.assert_array_equal(a[col], b[col], err_msg=col)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def ppo_full(tmp_path_factory):
+    """The uninterrupted PPO run (4 chunks)."""
+    return tj.train(tj.PPOConfig(**PPO), run_dir=tmp_path_factory.mktemp("ppo") / "full", progress=False)
+
+
+# ---- exact resume ---------------------------------------------------------------------------------
+def test_ppo_exact_resume(tmp_path, ppo_full):
+    config = tj.PPOConfig(**PPO)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    assert len(read_csv(run_dir / "metrics.csv")) == 2
+    loaded = tj.load(run_dir)
+    assert loaded.step == 2 * CHUNK_STEPS and int(loaded.state.learner.version) == 4
+    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
+    # params, optimizer state (its count positions the lr schedule), keys, env states, statistics, counters
+    assert_trees_equal(ppo_full.state, resumed.state)
+    assert_curves_equal(ppo_full.curve, resumed.curve)
+    rows = read_csv(run_dir / "metrics.csv")
+    assert [int(r["env_steps"]) for r in rows] == [256, 512, 768, 1024]  # appended, no duplicate rows
+    times = [float(r["wall_time_s"]) for r in rows]
+    assert times == sorted(times)  # wall time continues from the checkpoint's
+    assert tj.load(run_dir).meta["finished"] is True
+
+
+def test_normalisation_statistics_restored_and_frozen_by_evaluation(ppo_full):
+    loaded = tj.load(ppo_full.run_dir)
+    assert_trees_equal(loaded.state.actor.obs_rms, ppo_full.state.actor.obs_rms)
+    assert_trees_equal(loaded.state.actor.reward_scaler, ppo_full.state.actor.reward_scaler)
+    before = jax.tree.map(np.array, loaded.obs_rms)
+    assert float(np.asarray(before.count)) > 1  # statistics were actually collected
+    ev = tj.evaluate(loaded.config, loaded.state, num_episodes=3, seed=5)
+    assert ev["returns"].shape == (3,)
+    assert_trees_equal(before, loaded.obs_rms)
+    # the restored policy evaluates exactly as the in-memory one
+    ev_mem = tj.evaluate(ppo_full.config, ppo_full.state, num_episodes=3, seed=5)
+    np.testing.assert_array_equal(ev["returns"], ev_mem["returns"])
+
+
+def test_resume_of_a_finished_run_returns_its_state(ppo_full):
+    again = tj.train(tj.PPOConfig(**PPO), run_dir=ppo_full.run_dir, progress=False, resume=True)
+    assert_trees_equal(ppo_full.state, again.state)
+    assert_curves_equal(ppo_full.curve, again.curve)
+
+
+def test_dqn_exact_resume_with_replay_and_epsilon(tmp_path):
+    config = tj.DQNConfig(**DQN)
+    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    loaded = tj.load(run_dir)
+    assert loaded.meta["includes_replay"] is True
+    assert int(loaded.state.actor.env_steps) == loaded.step == 160
+    assert int(loaded.state.replay.size) > 0
+    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
+    assert_trees_equal(full.state, resumed.state)  # online + target params, opt state, replay, keys, counters
+    assert_curves_equal(full.curve, resumed.curve)
+    # epsilon continues from the schedule's value at 160 env steps, not from epsilon_start
+    eps = resumed.curve["epsilon"]
+    assert eps[2] < eps[1] < config.epsilon_start
+
+
+def test_dqn_without_replay_loads_but_does_not_resume(tmp_path):
+    config = tj.DQNConfig(**{**DQN, "total_env_steps": 8 * 20})
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(1),
+                 checkpoint=tj.CheckpointConfig(checkpoint_replay=False))
+    loaded = tj.load(run_dir)
+    assert loaded.meta["includes_replay"] is False
+    assert int(loaded.state.replay.size) == 0  # not saved: an empty buffer
+    assert jax.tree.leaves(loaded.params)
+    with pytest.raises(ValueError, match="replay"):
+        tj.train(config, run_dir=run_dir, progress=False, resume=True)
+
+
+# ---- faults ---------------------------------------------------------------------------------------
+_KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    import tianji_jax as tj
+    config = tj.PPOConfig(**{config!r})
+    seen = []
+    def callback(row):
+        seen.append(row)
+        if len(seen) == 3:  # the save of chunk 3 has just been started (asynchronously): kill now
+            os.kill(os.getpid(), signal.SIGKILL)
+    tj.train(config, run_dir=sys.argv[1], progress=False, callback=callback)
+""")
+
+
+def test_sigkill_while_saving_resumes_from_last_complete_checkpoint(tmp_path, ppo_full):
+    run_dir = tmp_path / "killed"
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_SCRIPT.format(config=PPO))
+    proc = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    steps = RunCheckpointer(run_dir, read_only=True).steps()
+    # at most one checkpoint interval is lost: chunk 3's save may or may not have completed
+    assert steps[-1] in (2 * CHUNK_STEPS, 3 * CHUNK_STEPS), steps
+    # resumed in this (fresh) process: same result as the uninterrupted run
+    resumed = tj.train(tj.PPOConfig(**PPO), run_dir=run_dir, progress=False, resume=True)
+    assert_trees_equal(ppo_full.state, resumed.state)
+    assert_curves_equal(ppo_full.curve, resumed.curve)
+    assert [int(r["env_steps"]) for r in read_csv(run_dir / "metrics.csv")] == [256, 512, 768, 1024]
+
+
+def test_partial_checkpoint_directory_is_ignored(tmp_path, ppo_full):
+    run_dir = tmp_path / "run"
+    shutil.copytree(ppo_full.run_dir, run_dir)
+    latest = RunCheckpointer(run_dir, read_only=True).latest_step()
+    # what a process killed mid-save leaves: orbax's temporary directory for a newer step, half written
+    partial = run_dir / "checkpoints" / f"{latest + CHUNK_STEPS}.orbax-checkpoint-tmp-1234567890"
+    shutil.copytree(run_dir / "checkpoints" / str(latest), partial)
+    for f in partial.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert RunCheckpointer(run_dir, read_only=True).latest_step() == latest
+    loaded = tj.load(run_dir)
+    assert loaded.step == latest
+    assert_trees_equal(loaded.state, ppo_full.state)
+
+
+def test_not_a_checkpoint_and_corrupt_raise_clear_errors(tmp_path, ppo_full):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        tj.load(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json"):
+        tj.load(tmp_path / "empty")
+    no_ckpt = tmp_path / "no_ckpt"
+    no_ckpt.mkdir()
+    shutil.copy(ppo_full.run_dir / "config.json", no_ckpt / "config.json")
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        tj.load(no_ckpt)
+    (no_ckpt / "checkpoints").mkdir()
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        tj.load(no_ckpt)
+    with pytest.raises(CheckpointError, match="no checkpoint at step 5"):
+        tj.load(ppo_full.run_dir, step=5)
+    # corrupt: the array files of the latest checkpoint are damaged
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(ppo_full.run_dir, corrupt)
+    latest = RunCheckpointer(corrupt, read_only=True).latest_step()
+    state_dir = corrupt / "checkpoints" / str(latest) / "state"
+    for f in state_dir.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt or unreadable"):
+        tj.load(corrupt)
+    meta_file = corrupt / "checkpoints" / str(latest) / "meta" / "metadata"
+    if meta_file.exists():
+        meta_file.write_text("{not json")
+        with pytest.raises(CheckpointError, match="corrupt or unreadable"):
+            tj.load(corrupt)
+    with pytest.raises(CheckpointError):
+        tj.train(tj.PPOConfig(**PPO), run_dir=tmp_path / "empty", resume=True, progress=False)
+
+
+def test_incompatible_config_names_the_fields(ppo_full, tmp_path):
+    with pytest.raises(ConfigMismatchError) as err:
+        tj.train(tj.PPOConfig(**{**PPO, "gamma": 0.9, "num_envs": 8}), run_dir=ppo_full.run_dir, resume=True,
+                 progress=False)
+    assert "gamma: checkpoint 0.99, given 0.9" in str(err.value)
+    assert "num_envs: checkpoint 4, given 8" in str(err.value)
+    with pytest.raises(ConfigMismatchError, match="'ppo' run"):
+        tj.train(tj.DQNConfig(**DQN), run_dir=ppo_full.run_dir, resume=True, progress=False)
+    # stop_at_return may change; the finished run then just returns
+    tj.train(tj.PPOConfig(**{**PPO, "stop_at_return": 1e9}), run_dir=ppo_full.run_dir, resume=True, progress=False)
+    with pytest.raises(ValueError, match="run_dir"):
+        tj.train(tj.PPOConfig(**PPO), resume=True)
+    with pytest.raises(FileExistsError):
+        tj.train(tj.PPOConfig(**PPO), run_dir=ppo_full.run_dir, progress=False)
+
+
+def test_package_version_mismatch_is_named():
+    from tianji_jax.checkpoint import check_compatible
+
+    saved = {"jax": "0.1.0", "jaxlib": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "gymnax": "1.0.1"}
+    now = {**saved, "jax": "0.10.2"}
+    with pytest.raises(ConfigMismatchError, match="jax: checkpoint 0.1.0, installed 0.10.2"):
+        check_compatible({"a": 1}, {"a": 1}, saved, now)
+    check_compatible({"a": 1}, {"a": 1}, saved, saved)
+
+
+# ---- retention and intervals ----------------------------------------------------------------------
+def test_keeps_latest_and_best(tmp_path):
+    config = tj.PPOConfig(**{**PPO, "total_env_steps": 4 * 32 * 12, "eval_every_env_steps": 4 * 32})
+    result = tj.train(config, run_dir=tmp_path / "run", progress=False,
+                      checkpoint=tj.CheckpointConfig(keep_checkpoints=1, keep_best_checkpoints=1))
+    steps = RunCheckpointer(tmp_path / "run", read_only=True).steps()
+    env_steps = result.curve["env_steps"].astype(int)
+    ev = result.curve["eval_return_mean"]
+    best = int(env_steps[np.flatnonzero(ev == ev.max())[-1]])
+    assert steps[-1] == config.env_steps  # the latest is never deleted for the best
+    assert set(steps) == {best, config.env_steps}
+
+
+def test_checkpoint_interval_and_sync_saving(tmp_path):
+    config = tj.PPOConfig(**{**PPO, "eval_every_env_steps": 4 * 32, "eval_episodes": 0})  # 8 chunks of 128
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=tmp_path / "run", progress=False, callback=interrupt_after(3),
+                 checkpoint=tj.CheckpointConfig(checkpoint_every_env_steps=300, keep_checkpoints=10,
+                                                keep_best_checkpoints=0, async_checkpointing=False))
+    assert RunCheckpointer(tmp_path / "run", read_only=True).steps() == [128, 384]
+    tj.train(config, run_dir=tmp_path / "run", progress=False, resume=True)  # keeps the run's own settings
+    # first chunk saved, then the first chunk reaching each multiple of 300, and the final one
+    assert RunCheckpointer(tmp_path / "run", read_only=True).steps() == [128, 384, 640, 1024]
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(checkpoint_every_env_steps=0), "checkpoint_every_env_steps"),
+    (dict(keep_checkpoints=0), "keep_checkpoints"),
+    (dict(keep_best_checkpoints=-1), "keep_best_checkpoints"),
+    (dict(checkpoint_replay=1), "checkpoint_replay"),
+])
+def test_checkpoint_config_validation(changes, field):
+    with pytest.raises((ValueError, TypeError), match=field):
+        tj.CheckpointConfig(**changes)
+
+
+# ---- async runtime ---------------------------------------------------------------------------------
+def test_async_run_checkpoints_load_but_do_not_resume(tmp_path):
+    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "sync", "total_env_steps": 4 * 32 * 4})
+    result = tj.train(config, run_dir=tmp_path / "run", progress=False)
+    loaded = tj.load(tmp_path / "run")
+    assert loaded.meta["resumable"] is False and loaded.step == config.env_steps
+    assert_trees_equal(loaded.state.learner, result.state.learner)
+    assert math.isfinite(tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=0).mean)
+    with pytest.raises(ValueError, match="async runtime"):
+        tj.train(config, run_dir=tmp_path / "run", progress=False, resume=True)
+
+
+def test_config_from_dict_round_trip(ppo_full):
+    assert tj.load_config(ppo_full.run_dir) == tj.PPOConfig(**PPO)
+    from tianji_jax.config import config_from_dict
+
+    with pytest.raises(ValueError, match="algo"):
+        config_from_dict({"algo": "sac"})
+    with pytest.raises(ValueError, match="not fields"):
+        config_from_dict({"algo": "ppo", "nonsense": 1})
+    with pytest.raises(ValueError, match="environment object"):
+        config_from_dict({"algo": "ppo", "env": "object:foo.Bar"})

@@ -1,0 +1,338 @@
+"""Checkpoints of whole train states in ``RUN_DIR/checkpoints/`` (orbax ``CheckpointManager``).
+
+A checkpoint is one orbax step directory named by the env steps taken, holding two items:
+
+* ``state``: every leaf of the train state pytree (params, target params, optimizer state, PRNG
+  keys of actor and learner, env states and current observations, observation / reward
+  statistics, counters, policy version, the n-step window, and for DQN optionally the replay
+  buffer with its counters), saved as a flat dict ``{"leaf_00000": array, ...}`` in the leaf order
+  of ``jax.tree_util``; the leaves' paths, shapes and dtypes are recorded in ``meta`` and checked
+  on restore, so a checkpoint never silently lands in a different structure;
+* ``meta`` (JSON): format version, algorithm, the config (``to_dict()``), package versions, env
+  steps, updates done, the ``metrics.csv`` rows written so far (a resumed run rewrites
+  ``metrics.csv`` from them and appends), whether the replay buffer is included
+  (``includes_replay``), whether the run can be resumed from it (``resumable``) and whether the
+  run had finished (``finished``).
+
+Saving is asynchronous: :meth:`RunCheckpointer.save` returns once the arrays are copied to the
+host (so a donated train state can be reused at once) and orbax writes in a background thread.
+orbax writes a step into ``<step>.orbax-checkpoint-tmp-<time>`` and renames it when complete, so a
+process killed while saving leaves only a temporary directory, which is never listed as a step:
+a resume continues from the last complete checkpoint. Retention keeps the latest
+``keep_checkpoints`` plus the best ``keep_best_checkpoints`` by ``eval_return_mean``
+(orbax ``AnyPreservationPolicy(LatestN, BestN)``), so the best ones never push out the latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["CheckpointError", "ConfigMismatchError", "RunCheckpointer", "Restored", "flatten_state",
+           "unflatten_state", "check_compatible", "FORMAT_VERSION", "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
+
+FORMAT_VERSION = 1
+"""Version of the checkpoint layout written into ``meta["format"]``."""
+
+VERSION_CHECKED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnax")
+"""Packages whose version must match between a run and its resume (they decide the bits computed)."""
+
+RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s"})
+"""Config fields that may differ between a run and its resume (they do not change what is computed)."""
+
+_NO_EVAL = -3.0e38  # ranking value of a checkpoint without an evaluation (BestN needs a number)
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a run with checkpoints, or a checkpoint that cannot be read."""
+
+
+class ConfigMismatchError(ValueError):
+    """Resuming with a config (or packages) incompatible with the checkpoint's; the message names
+    every differing field as ``field: checkpoint <a>, given <b>``."""
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence orbax's absl warnings (read-only directory notices and the like) and Python warnings."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
+    return [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def flatten_state(state: Any, *, exclude_prefixes: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[dict]]:
+    """A train state as a flat dict of arrays plus the description of its leaves.
+
+    Args:
+        state: any pytree of arrays (a train state).
+        exclude_prefixes: leaf paths (``jax.tree_util.keystr``, e.g. ``".replay"``) starting with one
+            of these are left out.
+
+    Returns:
+        ``(arrays, leaves)``: ``arrays`` maps ``"leaf_%05d"`` (index in tree order) to each kept leaf;
+        ``leaves`` lists ``{"path", "shape", "dtype", "saved"}`` for every leaf.
+    """
+    arrays: dict[str, Any] = {}
+    leaves = []
+    for i, (path, x) in enumerate(_leaf_paths(state)):
+        saved = not any(path.startswith(p) for p in exclude_prefixes)
+        leaves.append({"path": path, "shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)), "saved": saved})
+        if saved:
+            arrays[f"leaf_{i:05d}"] = x
+    return arrays, leaves
+
+
+def unflatten_state(template: Any, arrays: dict[str, Any], leaves: list[dict]) -> Any:
+    """Inverse of :func:`flatten_state`: put ``arrays`` into ``template``'s structure; leaves that
+    were not saved keep the template's value.
+
+    Raises:
+        CheckpointError: the checkpoint's leaves (paths, shapes, dtypes) differ from the template's.
+    """
+    flat, treedef = jax.tree_util.tree_flatten(template)
+    paths = _leaf_paths(template)
+    if len(paths) != len(leaves):
+        raise CheckpointError(f"checkpoint holds {len(leaves)} state leaves, this config's train state has "
+                              f"{len(paths)}: written by a different algorithm, network or version")
+    out = []
+    for i, ((path, x), rec) in enumerate(zip(paths, leaves)):
+        if rec["path"] != path or tuple(rec["shape"]) != tuple(np.shape(x)) or rec["dtype"] != str(np.dtype(x.dtype)):
+            raise CheckpointError(f"checkpoint leaf {i} is {rec['path']} {tuple(rec['shape'])} {rec['dtype']}, the "
+                                  f"train state expects {path} {tuple(np.shape(x))} {np.dtype(x.dtype)}")
+        out.append(arrays[f"leaf_{i:05d}"] if rec["saved"] else flat[i])
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def check_compatible(saved_config: dict, config_dict: dict, saved_packages: dict | None = None,
+                     packages: dict | None = None) -> None:
+    """Raise if a run saved with ``saved_config`` cannot be resumed bit-exactly with ``config_dict``.
+
+    Args:
+        saved_config: ``to_dict()`` of the checkpoint's config plus ``"algo"``.
+        config_dict: the same for the config given to the resume.
+        saved_packages / packages: ``{name: version}`` of the run and of this process; only
+            :data:`VERSION_CHECKED_PACKAGES` are compared (skipped when either is None).
+
+    Raises:
+        ConfigMismatchError: naming every differing field (all but :data:`RESUME_FREE_FIELDS`)
+            and package.
+    """
+    diffs = []
+    for k in sorted(set(saved_config) | set(config_dict)):
+        if k in RESUME_FREE_FIELDS:
+            continue
+        a, b = saved_config.get(k, "<absent>"), config_dict.get(k, "<absent>")
+        if a != b:
+            diffs.append(f"{k}: checkpoint {a!r}, given {b!r}")
+    if diffs:
+        raise ConfigMismatchError("cannot resume: the config differs from the checkpoint's in "
+                                  + "; ".join(diffs) + f" (fields that may differ: {sorted(RESUME_FREE_FIELDS)})")
+    if saved_packages is not None and packages is not None:
+        pdiffs = [f"{p}: checkpoint {saved_packages.get(p)}, installed {packages.get(p)}"
+                  for p in VERSION_CHECKED_PACKAGES if saved_packages.get(p) != packages.get(p)]
+        if pdiffs:
+            raise ConfigMismatchError("cannot resume exactly: package versions differ: " + "; ".join(pdiffs)
+                                      + " (pass check_versions=False to resume anyway, without bit-exactness)")
+
+
+def _rows_to_json(rows: list[dict]) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+
+
+def _rows_from_json(rows: list[dict]) -> list[dict]:
+    return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows]
+
+
+@dataclass
+class Restored:
+    """A restored checkpoint: ``state`` (the train state pytree, arrays on the default device),
+    ``meta`` (the JSON metadata, see the module docstring), ``rows`` (``metrics.csv`` rows up to
+    this checkpoint, NaN for empty cells) and ``step`` (env steps)."""
+
+    state: Any
+    meta: dict
+    rows: list[dict]
+    step: int
+
+
+class RunCheckpointer:
+    """The checkpoints of one run directory: ``RUN_DIR/checkpoints/<env_steps>/``.
+
+    Args:
+        run_dir: the run directory.
+        keep_checkpoints: latest checkpoints kept (>= 1).
+        keep_best_checkpoints: best-by-``eval_return_mean`` checkpoints also kept (>= 0).
+        async_save: write in a background thread.
+        read_only: open existing checkpoints only (no directory is created, nothing deleted).
+
+    Raises:
+        CheckpointError: ``read_only`` and ``run_dir/checkpoints`` does not exist or holds no
+            complete checkpoint.
+    """
+
+    def __init__(self, run_dir: str | Path, *, keep_checkpoints: int = 2, keep_best_checkpoints: int = 1,
+                 async_save: bool = True, read_only: bool = False):
+        import orbax.checkpoint as ocp
+        from orbax.checkpoint import checkpoint_managers as cm
+
+        self.run_dir = Path(run_dir)
+        self.directory = (self.run_dir / "checkpoints").resolve()
+        if read_only:
+            if not self.run_dir.is_dir():
+                raise CheckpointError(f"{str(run_dir)!r} does not exist")
+            if not self.directory.is_dir():
+                raise CheckpointError(f"{str(run_dir)!r} holds no checkpoints (no checkpoints/ directory); "
+                                      "is it a run directory written by tianji train?")
+        policies = [cm.LatestN(n=keep_checkpoints)]
+        if keep_best_checkpoints:
+            policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_return_mean"], n=keep_best_checkpoints,
+                                     keep_checkpoints_without_metrics=False))
+        with _quiet():
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,
+                create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only)
+            self._ocp = ocp
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        if read_only and not self.steps():
+            raise CheckpointError(f"{str(run_dir)!r} holds no complete checkpoint in checkpoints/ "
+                                  f"(found: {sorted(p.name for p in self.directory.iterdir())})")
+
+    def steps(self) -> list[int]:
+        """Env steps of the complete checkpoints, ascending (temporary, unfinished ones excluded)."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's env steps, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state: Any, meta: dict, *, eval_return: float = math.nan,
+             exclude_prefixes: tuple[str, ...] = ()) -> None:
+        """Start saving ``state`` as checkpoint ``step`` (env steps); returns once the arrays are
+        on the host, the files are written in the background.
+
+        Args:
+            step: env steps taken (the step directory's name).
+            state: the train state pytree (unbatched).
+            meta: JSON-friendly metadata (``rows`` may hold NaN).
+            eval_return: ranking value for the best-N retention (NaN: never counted among the best).
+            exclude_prefixes: leaf paths left out (e.g. ``(".replay",)``).
+        """
+        arrays, leaves = flatten_state(state, exclude_prefixes=exclude_prefixes)
+        meta = {**meta, "format": FORMAT_VERSION, "step": int(step), "leaves": leaves,
+                "rows": _rows_to_json(meta.get("rows", []))}
+        ocp = self._ocp
+        rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
+        self._manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                              meta=ocp.args.JsonSave(meta)),
+                           metrics={"eval_return_mean": rank}, force=True)
+
+    def read_meta(self, step: int | None = None) -> dict:
+        """The metadata of checkpoint ``step`` (default: the latest).
+
+        Raises:
+            CheckpointError: no such step, or its metadata cannot be read.
+        """
+        step = self._pick(step)
+        try:
+            with _quiet():
+                out = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))
+            meta = out.meta
+        except Exception as err:  # noqa: BLE001 - orbax raises many types; report one clear error
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt or unreadable: "
+                                  f"{type(err).__name__}: {str(err)[:300]}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or "leaves" not in meta:
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no tianji metadata of format "
+                                  f"{FORMAT_VERSION}; not written by this version of tianji_jax")
+        return meta
+
+    def restore(self, template: Any, step: int | None = None, meta: dict | None = None) -> Restored:
+        """Restore checkpoint ``step`` (default: the latest) into ``template``'s structure.
+
+        Args:
+            template: a train state (or its ``jax.eval_shape``) of the same config; leaves that the
+                checkpoint did not save (e.g. the replay buffer) are taken from it.
+            step: env steps of the checkpoint.
+            meta: its metadata if already read.
+
+        Raises:
+            CheckpointError: missing step, corrupt files, or leaves that do not match ``template``.
+        """
+        step = self._pick(step)
+        meta = meta if meta is not None else self.read_meta(step)
+        device = jax.devices()[0]
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        abstract = {f"leaf_{i:05d}": jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]),
+                                                           sharding=sharding)
+                    for i, rec in enumerate(meta["leaves"]) if rec["saved"]}
+        try:
+            with _quiet():
+                out = self._manager.restore(step, args=self._ocp.args.Composite(
+                    state=self._ocp.args.StandardRestore(abstract)))
+            arrays = dict(out.state)
+        except Exception as err:  # noqa: BLE001
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt or unreadable: "
+                                  f"{type(err).__name__}: {str(err)[:300]}") from None
+        state = unflatten_state(template, arrays, meta["leaves"])
+        state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else _materialise(x, device), state)
+        return Restored(state=state, meta=meta, rows=_rows_from_json(meta.get("rows", [])), step=int(step))
+
+    def _pick(self, step: int | None) -> int:
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no complete checkpoint in {self.directory}")
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; available: {steps}")
+        return int(step)
+
+    def wait(self) -> None:
+        """Block until every started save is written."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager."""
+        with _quiet():
+            self._manager.wait_until_finished()
+            self._manager.close()
+
+
+def _materialise(x: Any, device: Any) -> jax.Array:
+    """An abstract leaf (not saved) becomes zeros; a host array moves to ``device``."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.device_put(np.zeros(x.shape, x.dtype), device)
+    return jax.device_put(np.asarray(x), device)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file as a dict (for ``config.json`` / ``provenance.json``).
+
+    Raises:
+        CheckpointError: missing or invalid file.
+    """
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent} is not a run directory: no {path.name}") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None

@@ -1,0 +1,209 @@
+"""DQN on the async TianJi runtime: gymnax actors on one device feed a replay buffer the learner
+owns on another, balanced by a samples-per-insert rate limiter.
+
+Actors run the same epsilon-greedy rollout Anakin fuses (:class:`~tianji_jax.runtime.dqn_parts.DQNParts`)
+and hand n-step transitions, stamped with the version they acted with, to a
+:class:`~tianji_jax.buffers.ReplayIngress`. The learner thread drains it (lag gate at insert),
+inserts into its device replay state (donated, so XLA updates it in place) and runs learner
+blocks of ``updates_per_step`` gradient updates whenever the limiter allows: ``spi =
+replay_ratio * batch_size`` items sampled per env step inserted, so the replay ratio holds within
+the limiter's band whatever the relative speed of actors and learner.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from tianji_jax.buffers import ReplayIngress, TrajectoryItem
+from tianji_jax.config import DQNConfig
+from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.runtime.async_ppo import placement
+from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.dqn_parts import DQNParts
+
+__all__ = ["AsyncDQN", "ReplayRunner"]
+
+_JIT_CACHE: dict[Any, tuple] = {}
+_LOCK = threading.Lock()
+
+
+class ReplayRunner(AsyncRunner):
+    """:class:`AsyncRunner` whose learner drains a :class:`ReplayIngress` instead of a FIFO.
+
+    Actors run the ``relaxed`` loop (admission by the limiter, newest params). The learner loop
+    takes every waiting chunk (the gate at insert drops stale ones), calls ``insert(chunks)``, and
+    when the limiter allows a block calls ``learn(None, version)`` and publishes version + 1.
+
+    Args:
+        actors: one ``act(params, version) -> (data, num_steps)`` per actor thread.
+        insert: ``insert(list[TrajectoryItem])``, called in the learner thread.
+        learn: ``learn(None, version) -> (params, metrics)``, one learner block.
+        initial_params: params published as version 0.
+        num_updates: learner blocks to run.
+        chunk_steps: env steps per actor chunk (``c``).
+        spi: samples per inserted env step (``replay_ratio * batch_size``).
+        block_samples: items sampled per block (``updates_per_step * batch_size``).
+        min_size: env steps inserted before the first block (``learning_starts``).
+        max_policy_lag: ``K`` of the gate at insert.
+        stall_timeout_s: no chunk and no block this long stops the run with :class:`StallError`.
+
+    Raises:
+        ValueError: no actors, or a bad lag/timeout, before any thread starts.
+    """
+
+    def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem]], None], learn: Callable,
+                 initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
+                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0):
+        super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
+                         item_steps=chunk_steps, schedule="relaxed", max_policy_lag=max_policy_lag,
+                         queue_batches=2, stall_timeout_s=stall_timeout_s)
+        # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
+        # deadlock rule needs on each side, so neither side can block forever.
+        tol = block_samples + spi * chunk_steps
+        centre = min_size * spi
+        self.buffer = ReplayIngress(RateLimiter(spi=spi, min_size=max(1, min_size), min_diff=centre - tol,
+                                                max_diff=centre + tol, batch_items=block_samples,
+                                                chunk_items=chunk_steps), max_policy_lag)
+        self.insert, self.block_samples = insert, int(block_samples)
+
+    def _learner_loop(self) -> None:
+        version = self.store.version
+        last_fresh = time.monotonic()
+        while version < self.num_updates and not self.stop.is_set():
+            t0 = time.perf_counter()
+            chunks, can_learn = self.buffer.take(version, self.block_samples, 0.5, self.stop)
+            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            if chunks:
+                t0 = time.perf_counter()
+                self.insert(chunks)
+                self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+                last_fresh = time.monotonic()
+            if not can_learn:
+                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
+                    raise StallError(f"learner received no transitions and could not sample for "
+                                     f"{self.stall_timeout_s:g} s; last published version {version}")
+                continue
+            t0 = time.perf_counter()
+            params, metrics = self.learn(None, version)
+            self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+            version += 1
+            self.store.publish(params, version)
+            self.events.put(("update", version, metrics, None))
+        self.events.put(("done", version, None, None))
+
+
+class AsyncDQN:
+    """Wires DQN actors, the replay ingress and the learner for one run (gymnax envs).
+
+    Args:
+        config: a :class:`DQNConfig` with ``runtime='async'``.
+        snapshot_every: after every this many learner blocks (and the last), the learner thread
+            stores device copies of ``(learner_state, replay_state)`` in ``snapshot``; the replay
+            state itself is donated to the next insert/learn call, so other threads (checkpoints)
+            must read the snapshot, never ``replay_state``.
+
+    Attributes:
+        runner: the :class:`ReplayRunner`.
+        learner_state, replay_state: the learner's newest states (on the learner device; read
+            after the run).
+        episode_stats: ``{"episode_return_sum", "episode_length_sum", "episode_count"}`` summed over
+            the chunks inserted since the last block (folded into that block's metrics).
+        timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
+    """
+
+    def __init__(self, config: DQNConfig, snapshot_every: int | None = None):
+        from tianji_jax.runtime.dqn_anakin import dqn_compile_key
+
+        self.snapshot_every = snapshot_every
+        self.snapshot: tuple[Any, Any] | None = None
+
+        self.config = config
+        self.actor_device, learners = placement()
+        self.learner_device = learners[0]
+        key = dqn_compile_key(config)
+        with _LOCK:
+            if key not in _JIT_CACHE:
+                parts = DQNParts(key)
+                _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
+                                   jax.jit(parts.learn, donate_argnums=1))
+            self.parts, self._rollout, self._insert, self._learn = _JIT_CACHE[key]
+        self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
+        self.timers_lock = threading.Lock()
+        k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self.learner_device)
+        self.replay_state = jax.device_put(self.parts.init_replay(), self.learner_device)
+        keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
+        self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in keys]
+        self.epsilon = float(config.epsilon_start)
+        self._zero_stats()
+        c = config.iteration_env_steps
+        self.runner = ReplayRunner(
+            actors=[self._make_actor(i) for i in range(config.num_actors)], insert=self._insert_chunks,
+            learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
+            chunk_steps=c, spi=config.replay_ratio * config.batch_size,
+            block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
+            max_policy_lag=config.max_policy_lag, stall_timeout_s=config.stall_timeout_s)
+
+    def describe_placement(self) -> str:
+        """One line naming the devices chosen."""
+        same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
+        return f"placement: actors on {self.actor_device}, learner and replay buffer on {self.learner_device}{same}"
+
+    def _time(self, name: str, t0: float) -> None:
+        with self.timers_lock:
+            self.timers[name] += time.perf_counter() - t0
+
+    def _zero_stats(self) -> None:
+        self.episode_stats = {"episode_return_sum": 0.0, "episode_length_sum": 0.0, "episode_count": 0}
+
+    def _make_actor(self, i: int):
+        def act(params: Any, version: int):
+            t0 = time.perf_counter()
+            params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+            self._time("h2d_s", t0)
+            # epsilon follows the run's env steps (all actors together), as in Anakin
+            state = self._actor_states[i].replace(
+                env_steps=jnp.asarray(self.runner.buffer.produced, jnp.int32))
+            t0 = time.perf_counter()
+            state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state)
+            jax.block_until_ready(items)
+            self._time("rollout_s", t0)
+            self._actor_states[i] = state
+            t0 = time.perf_counter()
+            data = jax.block_until_ready(jax.device_put((items, item_version, mask, stats), self.learner_device))
+            self._time("h2d_s", t0)
+            return data, self.config.iteration_env_steps
+        return act
+
+    def _insert_chunks(self, chunks: list[TrajectoryItem]) -> None:
+        t0 = time.perf_counter()
+        for chunk in chunks:
+            items, item_version, mask, stats = chunk.data
+            self.replay_state = self._insert(self.replay_state, items, item_version, mask)
+            host = jax.device_get(stats)
+            self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
+            self.episode_stats["episode_length_sum"] += float(host["episode_length_sum"])
+            self.episode_stats["episode_count"] += int(host["episode_count"])
+            self.epsilon = float(host["epsilon"])
+        jax.block_until_ready(self.replay_state)
+        self._time("update_s", t0)
+
+    def _learn_block(self, _item: Any, version: int):
+        t0 = time.perf_counter()
+        env_steps = jnp.asarray(self.runner.buffer.inserted, jnp.int32)
+        learner, self.replay_state, metrics = self._learn(self.learner_state, self.replay_state, env_steps)
+        jax.block_until_ready(learner.params)
+        self._time("update_s", t0)
+        self.learner_state = learner
+        blocks = version + 1
+        if self.snapshot_every and (blocks % self.snapshot_every == 0 or blocks == self.config.learning_iterations):
+            self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
+        metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
+                   "replay_size": int(self.replay_state.size)}
+        self._zero_stats()
+        return learner.params, metrics
