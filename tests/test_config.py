@@ -140,6 +140,11 @@ BAD_VALUES = [
     ("env_batch_size", 0, ValueError, "env_batch_size"),
     ("num_learner_devices", 0, ValueError, "num_learner_devices"),
     ("num_learner_devices", 2, ValueError, r"num_learner_devices=2 needs runtime='async'"),
+    ("num_processes", 0, ValueError, "num_processes"),
+    ("num_processes", 2, ValueError, r"num_processes=2 needs runtime='async'"),
+    ("process_id", -1, ValueError, "process_id"),
+    ("coordinator", "127.0.0.1:1234", ValueError, r"coordinator=.* needs num_processes > 1"),
+    ("heartbeat_timeout_s", 0, ValueError, "heartbeat_timeout_s"),
     ("env", NotAnEnv(), ValueError, r"env: .*NotAnEnv.*not a gymnax-style"),
     ("env", object(), ValueError, r"env: .*not a gymnax-style"),
     ("env", TupleActionCartPole(), ValueError, r"env=.*TupleActionCartPole.*Tuple"),
@@ -355,3 +360,17 @@ def test_gymnax_is_not_stepped_by_validation(compilations):
     PPOConfig(**{**BASE, "env": Spy()})
     assert calls == []
     assert compilations() == 0
+
+
+def test_numpy_scalars_from_a_sweep_are_accepted_as_plain_numbers():
+    import numpy as np
+
+    cfg = PPOConfig(**{**BASE, "num_envs": np.int64(4), "learning_rate": np.float32(1e-3), "anneal_lr": np.bool_(False)})
+    assert type(cfg.num_envs) is int and type(cfg.learning_rate) is float and cfg.anneal_lr is False
+    assert cfg == PPOConfig(**{**BASE, "num_envs": 4, "learning_rate": float(np.float32(1e-3)), "anneal_lr": False})
+
+
+def test_minibatches_of_one_step_with_advantage_normalisation_are_rejected():
+    with pytest.raises(ValueError, match=r"num_minibatches=64 leaves minibatches of 1 step"):
+        PPOConfig(**{**BASE, "num_minibatches": 64})
+    PPOConfig(**{**BASE, "num_minibatches": 64, "normalize_advantages": False})

@@ -27,3 +27,68 @@ def test_anakin_seeds_quick(tmp_path):
     assert all(math.isnan(v) or 0 < v <= 50_000 for v in df["eval_steps_to_threshold"])
     summary = (tmp_path / "summary.md").read_text()
     assert "--quick" in summary and "vmap speed-up" in summary
+
+
+def _run_quick(script: str, out: Path, budget_s: float = 90.0) -> str:
+    import time
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"{script} --quick: {time.perf_counter() - t0:.0f} s (budget {budget_s:.0f} s on a quiet machine)")
+    summary = (out / "summary.md").read_text()
+    assert "--quick" in summary and "shared" in summary
+    assert (out / "machine.json").stat().st_size > 0
+    return summary
+
+
+def test_throughput_quick(tmp_path):
+    _run_quick("throughput.py", tmp_path)
+    for name in ("results.csv", "raw.csv", "throughput.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert set(df["env"]) == {"gymnax:CartPole-v1", "envpool:CartPole-v1"}
+    assert {(a, l) for a, l in zip(df["actors"], df["learner_devices"])} == {(1, 1), (2, 1), (1, 2)}
+    cols = ["production_sps", "consumed_sps", "consumed_env_sps", "raw_sps", "production_over_raw", "steady_s",
+            "dropped_frac", "policy_lag_max"]
+    assert df[cols].notna().all().all() and (df[cols[:6]] > 0).all().all()
+    # consumed_sps counts the update epochs; per env step it is the production within the limiter's band:
+    # |produced - consumed - dropped| <= (queue_batches + actors in flight) trajectories over the window
+    produced = df["production_sps"] * df["steady_s"]
+    consumed = df["consumed_env_sps"] * df["steady_s"]
+    assert ((df["consumed_sps"] / df["consumed_env_sps"]) - 10).abs().max() < 1e-6  # update_epochs = 10
+    slack = (2 + df["actors"]) * 1024 + df["dropped_frac"] * produced
+    assert ((produced - consumed).abs() <= slack + 1).all(), (produced - consumed, slack)
+    assert (df["policy_lag_max"] <= 2).all()  # relaxed default K = 2
+    an = df.loc[df["env"] == "gymnax:CartPole-v1", "anakin_sps"]
+    assert (an > 0).all()
+
+
+def test_transfer_quick(tmp_path):
+    summary = _run_quick("transfer.py", tmp_path)
+    assert "x device_put" in summary
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert set(df["size"]) == {"CartPole (obs 4 float32)", "Atari (obs 4x84x84 uint8)"}
+    assert (df["bytes_per_s"] > 0).all() and df["bytes_per_s"].notna().all()
+    atari = df[df["size"].str.startswith("Atari")]["bytes"].iloc[0]
+    assert atari > 2 * 128 * 8 * 4 * 84 * 84  # obs and final_obs
+    assert (df[df["method"] == "AsyncPPO.to_learner, L=1"]["ratio_to_device_put"] > 0).all()
+    # (speed ratios are benchmark results, committed under experiments/results/, never asserted here)
+
+
+def test_staleness_quick(tmp_path):
+    _run_quick("staleness.py", tmp_path)
+    assert (tmp_path / "staleness.png").stat().st_size > 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(df["max_policy_lag"]) == [0, 2, 8]
+    assert (df.loc[df["max_policy_lag"] == 0, "schedule"] == "sync").all()
+    # the contract: no consumed sample is older than K; sync consumes only lag-0 samples
+    assert (df["policy_lag_max"] <= df["max_policy_lag"]).all()
+    assert (df.loc[df["max_policy_lag"] == 0, "policy_lag_mean"] == 0).all()
+    assert df["final_eval_return"].between(0, 500).all()
+    assert df["dropped_frac"].between(0, 1).all()
+    assert all(math.isnan(v) or 0 < v <= 30_720 for v in df["steps_to_threshold"])
+    assert (df["consumed_env_sps"] > 0).all() and (df.loc[df["max_policy_lag"] == 0, "sps_over_sync"] == 1).all()
+    curves = pd.read_csv(tmp_path / "curves.csv")
+    assert curves["eval_return_mean"].notna().all()

@@ -108,3 +108,43 @@ def test_atari_gets_the_nature_cnn_uint8_trajectories_and_clean_evaluation_setti
         ppo.close()
     with spec.make_host_env(1, seed=0, evaluation=True) as env:
         assert not env._env.spec.config.episodic_life and not env._env.spec.config.reward_clip
+
+
+def _collect(batch_size, chunks=3, n=4, t=16):
+    """Chunks from envpool CartPole with actions a function of (env_id, step in episode) only."""
+    from tianji_jax.envs.host import EnvpoolVecEnv
+    from tianji_jax.runtime.chunker import TrajectoryChunker
+
+    env = EnvpoolVecEnv("CartPole-v1", n, batch_size=batch_size, seed=7, max_episode_steps=25)
+    chunker = TrajectoryChunker.from_spaces(n, t, env.observation_space, env.action_space)
+    elapsed = np.zeros(n, np.int64)
+    out = []
+    step = env.reset()
+    while len(out) < chunks:
+        ids = step.env_id
+        elapsed[ids[~step.valid]] = 0  # a reset step starts a new episode
+        action = ((ids + elapsed[ids]) % 2).astype(np.int32)
+        chunker.record_action(ids, step.obs, action, np.zeros(len(ids)), np.zeros(len(ids)), 0)
+        step = env.step(action, ids)
+        elapsed[step.env_id[step.valid]] += 1
+        chunker.record_step(step)
+        while chunker.ready():
+            out.append(chunker.pop())
+    env.close()
+    return out[:chunks]
+
+
+def test_envpool_async_chunks_equal_sync_chunks_and_their_gae():
+    from tianji_jax.algos.ppo import gae
+
+    sync, asyn = _collect(None), _collect(2)
+    for a, b in zip(sync, asyn):
+        for k in ("obs", "action", "reward", "terminated", "truncated", "final_obs", "last_obs"):
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        values = lambda c: c["obs"].sum(-1)  # noqa: E731 - any fixed function of the observation
+        adv_a, _ = gae(a["reward"], values(a), a["last_obs"].sum(-1), a["final_obs"].sum(-1), a["terminated"],
+                       a["truncated"], 0.99, 0.95)
+        adv_b, _ = gae(b["reward"], values(b), b["last_obs"].sum(-1), b["final_obs"].sum(-1), b["terminated"],
+                       b["truncated"], 0.99, 0.95)
+        np.testing.assert_array_equal(np.asarray(adv_a), np.asarray(adv_b))
+    assert any(c["done"].any() for c in sync)  # the chunks cross episode boundaries (25-step time limit)

@@ -174,6 +174,17 @@ class Restored:
     step: int
 
 
+def _single_process_options(ocp: Any) -> dict:
+    """Multi-host runs (jax.distributed): only the calling process writes (process 0 owns the run
+    directory), so orbax must not wait for the others at its barriers."""
+    import jax
+
+    if jax.process_count() == 1:
+        return {}
+    me = jax.process_index()
+    return {"multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})}
+
+
 class RunCheckpointer:
     """The checkpoints of one run directory: ``RUN_DIR/checkpoints/<env_steps>/``.
 
@@ -206,10 +217,14 @@ class RunCheckpointer:
         if keep_best_checkpoints:
             policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_return_mean"], n=keep_best_checkpoints,
                                      keep_checkpoints_without_metrics=False))
+        multi = _single_process_options(ocp)
+        if multi and not read_only:  # orbax cannot create the root itself with active_processes set
+            self.directory.mkdir(parents=True, exist_ok=True)
         with _quiet():
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,
-                create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only)
+                create=not read_only and not multi, read_only=read_only, cleanup_tmp_directories=not read_only,
+                **multi)
             self._ocp = ocp
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         if read_only and not self.steps():

@@ -96,7 +96,47 @@ def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
     return Path("runs") / f"{args.algo}-{env}-s{args.config.seed}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
+def _multi_host(argv: list[str]) -> int | None:
+    """``--num-processes P > 1``: outside the training child, run it under the supervisor
+    (:func:`tianji_jax.runtime.distributed.supervise`) and return its status; inside it, join the
+    jax.distributed job before JAX starts and return None (training follows). Bad values: 2."""
+    import os
+
+    from tianji_jax.runtime import distributed as dist
+
+    try:
+        raw = {f: _flag_value(argv, f"--{f}", d) for f, d in
+               (("num-processes", "1"), ("process-id", "0"), ("heartbeat-timeout-s", "60"), ("coordinator", None))}
+        ints = {}
+        for f in ("num-processes", "process-id", "heartbeat-timeout-s"):
+            try:
+                ints[f] = int(raw[f])
+            except ValueError:
+                raise ValueError(f"--{f} must be an int, got {raw[f]!r}") from None
+        if ints["num-processes"] <= 1:
+            return None
+        if not 0 <= ints["process-id"] < ints["num-processes"]:
+            raise ValueError(f"--process-id must be in 0..{ints['num-processes'] - 1}, got {ints['process-id']}")
+        if raw["coordinator"] in (None, "None"):
+            raise ValueError(f"--num-processes {ints['num-processes']} needs --coordinator HOST:PORT (process 0's "
+                             "address)")
+        dist.check_coordinator(raw["coordinator"])
+        if os.environ.get(dist.CHILD_ENV) != "1":
+            return dist.supervise(argv, num_processes=ints["num-processes"], process_id=ints["process-id"],
+                                  heartbeat_timeout_s=ints["heartbeat-timeout-s"])
+        dist.initialize(raw["coordinator"], ints["num-processes"], ints["process-id"],
+                        heartbeat_timeout_s=ints["heartbeat-timeout-s"])
+    except (ValueError, RuntimeError) as err:
+        print(f"tianji train: error: {err}", file=sys.stderr)
+        return 2
+    return None
+
+
 def _train(argv: list[str]) -> int:
+    if "--help" not in argv and "-h" not in argv:
+        status = _multi_host(argv)
+        if status is not None:
+            return status
     resume_dir = _flag_value(argv, "--resume", None)
     try:
         default = None
@@ -143,6 +183,10 @@ def _train(argv: list[str]) -> int:
     except (FileExistsError, CheckpointError, ValueError, ImportError) as err:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then
+        print(f"tianji train: interrupted; {run_dir} keeps the metrics and checkpoints written so far "
+              f"(continue an Anakin run with: tianji train --resume {run_dir})", file=sys.stderr)
+        return 130
     curve = result.curve
     last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
     print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s; "
@@ -259,7 +303,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "train":
-        return _train(rest)
+        import os
+
+        from tianji_jax.runtime.distributed import CHILD_ENV
+
+        if os.environ.get(CHILD_ENV) != "1":
+            return _train(rest)
+        # multi-host child: on failure exit at once, skipping jax's atexit shutdown barrier (it would
+        # wait for peers that are waiting for this process inside a collective)
+        try:
+            status = _train(rest)
+        except BaseException as exc:  # noqa: BLE001
+            import traceback
+
+            from tianji_jax.runtime.distributed import child_failed
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            status = child_failed(exc)
+        if status != 0:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
     if command == "eval":
         return _eval(rest)
     if command == "plot":

@@ -21,6 +21,21 @@ __all__ = ["PPOConfig"]
 _ACTIVATIONS = ("tanh", "relu")
 
 
+def _plain_numbers(config: Any) -> None:
+    """Replace numpy scalars in ``config``'s fields by Python ints/floats/bools (so ``np.int64(8)``
+    from a sweep is accepted and the config stays JSON-able and hashable the same way)."""
+    import numpy as np
+
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, np.bool_):
+            object.__setattr__(config, f.name, bool(v))
+        elif isinstance(v, np.integer):
+            object.__setattr__(config, f.name, int(v))
+        elif isinstance(v, np.floating):
+            object.__setattr__(config, f.name, float(v))
+
+
 def _check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -54,6 +69,32 @@ def _check_float(
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool (True/False), got {value!r}")
+
+
+def _check_distributed(config: Any) -> None:
+    """The multi-host fields of a :class:`PPOConfig` (clear errors naming the field)."""
+    _check_int("num_processes", config.num_processes, minimum=1)
+    _check_int("process_id", config.process_id, minimum=0, maximum=config.num_processes - 1)
+    _check_int("heartbeat_timeout_s", config.heartbeat_timeout_s, minimum=1)
+    if config.num_processes == 1:
+        if config.coordinator is not None:
+            raise ValueError(f"coordinator={config.coordinator!r} needs num_processes > 1")
+        return
+    if config.runtime != "async":
+        raise ValueError(f"num_processes={config.num_processes} needs runtime='async' (multi-host learners are "
+                         f"the async runtime's); got runtime={config.runtime!r}")
+    if config.coordinator is None:
+        raise ValueError(f"num_processes={config.num_processes} needs coordinator='HOST:PORT' (process 0's address)")
+    from tianji_jax.runtime.distributed import check_coordinator
+
+    check_coordinator(config.coordinator)
+    if config.stop_at_return is not None:
+        raise ValueError("stop_at_return is not supported with num_processes > 1 yet (every process must run the "
+                         "same number of updates); got stop_at_return="
+                         f"{config.stop_at_return}")
+    if config.total_env_steps < config.global_batch_size:
+        raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_processes * num_envs * num_steps "
+                         f"= {config.global_batch_size} (one global update)")
 
 
 def _check_host_fields(config: Any, spec: EnvSpec) -> None:
@@ -157,7 +198,8 @@ class PPOConfig:
     """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
     'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag)."""
     max_policy_lag: int | None = None
-    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed)."""
+    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed).
+    With admission control the queue also caps it: one actor sees lag <= min(K, queue_batches)."""
     num_actors: int = 1
     """Async actor threads, each with its own num_envs envs ('sync'/'one_step' need 1)."""
     queue_batches: int = 2
@@ -171,8 +213,20 @@ class PPOConfig:
     """Async: data-parallel learner replicas (the last ``num_learner_devices`` devices; the actors
     keep the first). Each replica gets ``num_envs / num_learner_devices`` env columns of every
     trajectory; gradients are averaged, advantage statistics are global."""
+    num_processes: int = 1
+    """Async, multi-host (jax.distributed): processes in the job. Each runs this config's actors and
+    contributes one trajectory of num_envs x num_steps steps to every global update (global batch
+    num_processes x num_envs x num_steps; total_env_steps counts all processes' steps)."""
+    process_id: int = 0
+    """This process's index in 0..num_processes-1 (SLURM: $SLURM_PROCID)."""
+    coordinator: str | None = None
+    """'HOST:PORT' of process 0's coordination service (needed when num_processes > 1)."""
+    heartbeat_timeout_s: int = 60
+    """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
+    a collective update that makes no progress for this long + 30 s also ends the process."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
         for name in ("total_env_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
                      "eval_every_env_steps"):
@@ -222,6 +276,11 @@ class PPOConfig:
                 f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
                 f"{self.num_envs} * {self.num_steps} = {self.batch_size}; allowed values: "
                 f"{_divisors(self.batch_size)}")
+        if self.normalize_advantages and self.batch_size // self.num_minibatches < 2:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} leaves minibatches of {self.batch_size // self.num_minibatches} "
+                "step, whose normalised advantage is always 0 (no policy gradient); with normalize_advantages "
+                f"allowed values are at most {self.batch_size // 2}")
         if self.total_env_steps < self.batch_size:
             raise ValueError(
                 f"total_env_steps={self.total_env_steps} must be >= num_envs * num_steps = "
@@ -244,6 +303,7 @@ class PPOConfig:
                     f"columns) and leave a shard of {self.batch_size}/{ld} steps divisible by "
                     f"num_minibatches={self.num_minibatches}; allowed values: "
                     f"{[d for d in range(1, self.num_envs + 1) if self.num_envs % d == 0 and (self.batch_size // d) % self.num_minibatches == 0]}")
+        _check_distributed(self)
         object.__setattr__(self, "_env_spec", spec)
 
     # ---- derived quantities -------------------------------------------------------------------
@@ -261,8 +321,13 @@ class PPOConfig:
 
     @property
     def batch_size(self) -> int:
-        """Env steps per update: ``num_envs * num_steps``."""
+        """Env steps per update and process: ``num_envs * num_steps`` (one trajectory)."""
         return self.num_envs * self.num_steps
+
+    @property
+    def global_batch_size(self) -> int:
+        """Env steps per update over all processes: ``num_processes * batch_size``."""
+        return self.num_processes * self.batch_size
 
     @property
     def minibatch_size(self) -> int:
@@ -271,13 +336,13 @@ class PPOConfig:
 
     @property
     def num_updates(self) -> int:
-        """Number of PPO updates (rollout + epochs): ``total_env_steps // batch_size``."""
-        return self.total_env_steps // self.batch_size
+        """Number of PPO updates (rollout + epochs): ``total_env_steps // global_batch_size``."""
+        return self.total_env_steps // self.global_batch_size
 
     @property
     def env_steps(self) -> int:
-        """Env steps that will actually be taken: ``num_updates * batch_size``."""
-        return self.num_updates * self.batch_size
+        """Env steps that will actually be taken (all processes): ``num_updates * global_batch_size``."""
+        return self.num_updates * self.global_batch_size
 
     @property
     def num_gradient_steps(self) -> int:
@@ -288,7 +353,7 @@ class PPOConfig:
     def updates_per_chunk(self) -> int:
         """Updates fused into one compiled chunk: ``max(1, eval_every_env_steps // batch_size)``,
         at most ``num_updates``."""
-        return min(self.num_updates, max(1, self.eval_every_env_steps // self.batch_size))
+        return min(self.num_updates, max(1, self.eval_every_env_steps // self.global_batch_size))
 
     def replace(self, **changes: Any) -> "PPOConfig":
         """A copy with ``changes`` applied, validated again."""
@@ -315,6 +380,9 @@ class PPOConfig:
             + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else "")
             + (f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
                f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
+            + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
+               f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
+               f"{self.global_batch_size}" if self.num_processes > 1 else "")
         )
 
 
@@ -443,6 +511,7 @@ class DQNConfig:
     """Async: stop with an error when the learner gets no fresh data this long."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
         for name in ("total_env_steps", "num_envs", "num_steps", "buffer_capacity", "batch_size", "n_step",
                      "eval_every_env_steps"):

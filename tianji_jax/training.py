@@ -340,6 +340,8 @@ class _RunFiles:
 def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
                check_versions) -> TrainResult:
     """:func:`train` for a :class:`PPOConfig`."""
+    if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
+        run_dir, progress = None, False
     start = time.perf_counter()
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
@@ -408,7 +410,7 @@ def _base_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sp
     """A metrics row from the per-update metrics of a chunk (each an array over its updates)."""
     count = int(m["episode_count"].sum())
     row: dict[str, float] = {
-        "env_steps": updates_done * config.batch_size,
+        "env_steps": updates_done * config.global_batch_size,
         "update": updates_done,
         "sps": sps,
         "episode_return_mean": _mean(float(m["episode_return_sum"].sum()), count),
@@ -434,10 +436,16 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
 
     ppo = AsyncPPO(config)
     print(ppo.describe_placement(), file=sys.stderr, flush=True)
-    runner, buf, tel = ppo.runner, ppo.runner.buffer, ppo.runner.telemetry
+    runner = ppo.runner
+
+    def extra() -> dict:
+        with ppo.timers_lock:
+            timers = dict(ppo.timers)
+        return {**timers, "dropped_partial": ppo.env_steps_discarded}
+
+    runner.extra_snapshot = extra
     pending: list[Any] = []
-    last = {"t": time.perf_counter(), "produced": 0, "consumed": 0, "actor_wait": 0.0, "learner_wait": 0.0,
-            **{k: 0.0 for k in ppo.timers}}
+    last = runner.take_snapshot()
     stopped = [False]
 
     def on_update(version: int, metrics: Any, item: Any) -> bool:
@@ -446,33 +454,30 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
             return False
         m = host_metrics(jax.tree.map(lambda *xs: jax.numpy.stack(xs), *pending))
         pending.clear()
-        now = time.perf_counter()
-        dt = now - last["t"]
-        produced, consumed = buf.produced, buf.consumed
-        row = _base_row(config, m, version, (consumed - last["consumed"]) / dt)
-        with tel.lock:
-            actor_wait, learner_wait = tel.actor_wait_s, tel.learner_wait_s
-        with ppo.timers_lock:
-            timers = dict(ppo.timers)
+        snap = runner.snapshot  # counters taken by the learner thread right after this update
+        dt = max(snap["time"] - last["time"], 1e-9)
+        row = _base_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
         row.update({
-            "production_sps": (produced - last["produced"]) / dt,
-            "consumed_sps": (consumed - last["consumed"]) * config.update_epochs / dt,
+            "production_sps": (snap["produced"] - last["produced"]) / dt,
+            "consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
             "reuse": float(config.update_epochs),
-            "spi_observed": buf.limiter.sampled / max(buf.limiter.inserted, 1),
-            "limiter_error": buf.limiter.error,
-            "dropped_stale": buf.dropped_stale,
-            "dropped_partial": ppo.env_steps_discarded,
-            "actor_wait_frac": (actor_wait - last["actor_wait"]) / (dt * config.num_actors),
-            "learner_wait_frac": (learner_wait - last["learner_wait"]) / dt,
-            "queue_depth": buf.depth(),
-            **{k: timers[k] - last[k] for k in timers},
+            "spi_observed": snap["sampled"] / max(snap["limiter_inserted"], 1),
+            "limiter_error": snap["limiter_error"],
+            "dropped_stale": snap["dropped_stale"],
+            "dropped_partial": snap["dropped_partial"],
+            "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
+            "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
+            "queue_depth": snap["depth"],
+            **{k: snap[k] - last[k] for k in ppo.timers},
         })
-        last.update(t=now, produced=produced, consumed=consumed, actor_wait=actor_wait, learner_wait=learner_wait,
-                    **timers)
+        last.clear()
+        last.update(snap)
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
-        obs_rms = jax.device_put(ppo.obs_rms, ppo._replicated) if ppo.obs_rms is not None else None
-        stop = emit(row, ppo.learner_state.params, obs_rms)
-        files.maybe_save(PPOTrainState(ppo._actor_states[0], ppo.learner_state), version * config.batch_size,
+        obs_rms = jax.device_put(ppo.obs_rms, ppo.eval_sharding) if ppo.obs_rms is not None else None
+        learner = ppo.local_learner_state  # multi-host: this process's replica
+        stop = emit(row, learner.params, obs_rms)
+        saved = PPOTrainState(ppo._actor_states[0], learner)
+        files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
                          {"stopped_early": stop, "has_actor": ppo._actor_states[0] is not None},
                          finished=stop or version >= config.num_updates)
         if callback is not None:
@@ -486,14 +491,19 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         runner.run(on_update)
     finally:
         ppo.close()
-    return PPOTrainState(ppo._actor_states[0], ppo.learner_state), stopped[0]
+    return PPOTrainState(ppo._actor_states[0], ppo.local_learner_state), stopped[0]
 
 
 def _save_params(path: Path, params: Any) -> None:
     import orbax.checkpoint as ocp
 
+    from tianji_jax.checkpoint import _single_process_options
+
     path = path.resolve()
-    with ocp.StandardCheckpointer() as ckptr:
+    options = _single_process_options(ocp)
+    if options:  # multi-host: orbax refuses process-local jax.Arrays; save host copies
+        params = jax.device_get(params)
+    with ocp.StandardCheckpointer(**options) as ckptr:
         ckptr.save(path, params, force=True)
         ckptr.wait_until_finished()
 
@@ -734,12 +744,15 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
     every = config.iterations_per_chunk
     dqn = AsyncDQN(config, snapshot_every=every)
     print(dqn.describe_placement(), file=sys.stderr, flush=True)
-    runner, buf = dqn.runner, dqn.runner.buffer
-    lim = buf.limiter
-    tel = runner.telemetry
+    runner = dqn.runner
+
+    def extra() -> dict:
+        with dqn.timers_lock:
+            return dict(dqn.timers)
+
+    runner.extra_snapshot = extra
     pending: list[dict] = []
-    last = {"t": time.perf_counter(), "produced": 0, "inserted": 0, "sampled": 0, "actor_wait": 0.0,
-            "learner_wait": 0.0, **{k: 0.0 for k in dqn.timers}}
+    last = runner.take_snapshot()
     stopped = [False]
 
     def on_update(version: int, metrics: dict, _item: Any) -> bool:
@@ -748,13 +761,9 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             return False
         m = {k: np.asarray([p[k] for p in pending]) for k in pending[0]}
         pending.clear()
-        now = time.perf_counter()
-        dt = now - last["t"]
-        inserted, produced, sampled = buf.inserted, buf.produced, lim.sampled
-        with tel.lock:
-            actor_wait, learner_wait = tel.actor_wait_s, tel.learner_wait_s
-        with dqn.timers_lock:
-            timers = dict(dqn.timers)
+        snap = runner.snapshot  # counters taken by the learner thread right after this block
+        dt = max(snap["time"] - last["time"], 1e-9)
+        inserted, sampled = snap["inserted"], snap["sampled"]
         count = int(m["episode_count"].sum())
         after = max(1, inserted - config.learning_starts)
         row = {
@@ -767,16 +776,17 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             # gradient updates per env step inserted after learning_starts (as the Anakin rows count it)
             "replay_ratio_observed": sampled / config.batch_size / after,
             "td_loss": float(np.mean(m["td_loss"])), "q_mean": float(np.mean(m["q_mean"])),
-            "production_sps": (produced - last["produced"]) / dt,
+            "production_sps": (snap["produced"] - last["produced"]) / dt,
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
-            "spi_observed": sampled / max(lim.inserted, 1), "limiter_error": lim.error,
-            "dropped_stale": buf.dropped_stale, "dropped_partial": 0,
-            "actor_wait_frac": (actor_wait - last["actor_wait"]) / (dt * config.num_actors),
-            "learner_wait_frac": (learner_wait - last["learner_wait"]) / dt, "queue_depth": buf.depth(),
-            **{k: timers[k] - last[k] for k in timers},
+            "spi_observed": sampled / max(snap["limiter_inserted"], 1), "limiter_error": snap["limiter_error"],
+            "dropped_stale": snap["dropped_stale"], "dropped_partial": 0,
+            "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
+            "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
+            "queue_depth": snap["depth"],
+            **{k: snap[k] - last[k] for k in dqn.timers},
         }
-        last.update(t=now, produced=produced, inserted=inserted, sampled=sampled, actor_wait=actor_wait,
-                    learner_wait=learner_wait, **timers)
+        last.clear()
+        last.update(snap)
         if evaluator is not None:
             eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
             returns, _ = jax.device_get(evaluator(dqn.learner_state.params, eval_key))

@@ -105,9 +105,14 @@ def compile_key(config: PPOConfig) -> PPOConfig:
     """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``)
     (and the async-only fields) set to their defaults: equal keys share compiled functions."""
     runtime = "async" if config.env_spec.on_host else "anakin"  # host envs exist only in async
+    multi = {}
+    if config.num_processes > 1:  # keep num_updates (learning-rate annealing) of the global batch
+        multi = dict(num_processes=1, process_id=0, coordinator=None, heartbeat_timeout_s=60,
+                     total_env_steps=config.num_updates * config.batch_size,
+                     eval_every_env_steps=config.updates_per_chunk * config.batch_size)
     return config.replace(seed=0, stop_at_return=None, runtime=runtime, schedule="relaxed", max_policy_lag=None,
                           num_actors=1, queue_batches=2, stall_timeout_s=60.0, env_batch_size=None,
-                          num_learner_devices=1)
+                          num_learner_devices=1, **multi)
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:

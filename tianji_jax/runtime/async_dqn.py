@@ -93,8 +93,8 @@ class ReplayRunner(AsyncRunner):
             self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
             version += 1
             self.store.publish(params, version)
-            self.events.put(("update", version, metrics, None))
-        self.events.put(("done", version, None, None))
+            self.events.put(("update", version, metrics, None, self.take_snapshot()))
+        self.events.put(("done", version, None, None, self.take_snapshot()))
 
 
 class AsyncDQN:

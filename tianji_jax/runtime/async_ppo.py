@@ -49,6 +49,19 @@ def placement(devices: list | None = None, num_learner_devices: int = 1) -> tupl
     return devs[0], devs[len(devs) - num_learner_devices:]
 
 
+def _distributed(config: PPOConfig):
+    """The multi-host module, after checking this process joined the job ``config`` describes."""
+    from tianji_jax.runtime import distributed as dist
+
+    if not dist.is_initialized() or (dist.process_count(), dist.process_index()) != (config.num_processes,
+                                                                                      config.process_id):
+        raise ValueError(
+            f"num_processes={config.num_processes}, process_id={config.process_id}: this process has not joined "
+            "that jax.distributed job; call tianji_jax.runtime.distributed.initialize(coordinator, num_processes, "
+            "process_id) before JAX starts (tianji train does it for --num-processes)")
+    return dist
+
+
 def _traj_spec(key: str) -> P:
     """Trajectory leaves are ``(T, N, ...)`` (``last_obs`` is ``(N, ...)``): shard the env axis N."""
     return P("data") if key == "last_obs" else P(None, "data")
@@ -74,10 +87,18 @@ class AsyncPPO:
         from tianji_jax.runtime.anakin import compile_key
 
         self.config = config
-        self.actor_device, self.learner_devices = placement(num_learner_devices=config.num_learner_devices)
+        self.multi = config.num_processes > 1  # multi-host learners (runtime/distributed.py)
+        if self.multi:
+            dist = _distributed(config)
+            self.actor_device, self.learner_devices, self.global_learner_devices = dist.placement(
+                config.num_learner_devices)
+        else:
+            self.actor_device, self.learner_devices = placement(num_learner_devices=config.num_learner_devices)
+            self.global_learner_devices = self.learner_devices
         self.learner_device = self.learner_devices[0]
-        self.mesh = Mesh(np.asarray(self.learner_devices), ("data",)) if len(self.learner_devices) > 1 else None
-        key = (compile_key(config), tuple(d.id for d in self.learner_devices))
+        self.mesh = (Mesh(np.asarray(self.global_learner_devices), ("data",))
+                     if len(self.global_learner_devices) > 1 else None)
+        key = (compile_key(config), tuple(d.id for d in self.global_learner_devices))
         with _LOCK:
             if key not in _JIT_CACHE:
                 parts = PPOParts(key[0])
@@ -98,7 +119,11 @@ class AsyncPPO:
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
-        self.learner_state: LearnerState = jax.device_put(self.parts.init_learner(k_learner), self._replicated)
+        if self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
+            self.learner_state: LearnerState = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
+            k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
+        else:
+            self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self._replicated)
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         self.host_actors: list[HostActor] = []
         if config.env_spec.on_host:
@@ -118,21 +143,44 @@ class AsyncPPO:
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         self.runner = AsyncRunner(
             actors=actors, learn=self._learn_item,
-            initial_params=self.learner_state.params, num_updates=config.num_updates,
+            initial_params=self.local_learner_state.params, num_updates=config.num_updates,
             item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
             queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store)
+        self.watchdog = None
+        if self.multi:  # lockstep collectives: global telemetry and a watchdog on every update
+            local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
+            self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
+            self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+
+    @property
+    def local_learner_state(self) -> LearnerState:
+        """The learner state as this process's local replica (the state itself on one host): what
+        evaluation, checkpoints and actors use."""
+        if not self.multi:
+            return self.learner_state
+        return _distributed(self.config).local_replica(self.learner_state)
+
+    @property
+    def eval_sharding(self) -> Any:
+        """Where to put actor-side arrays (observation statistics) to evaluate with the learner's
+        params: the learner sharding on one host, this process's first learner device with several."""
+        return self.learner_device if self.multi else self._replicated
 
     def to_learner(self, traj: dict) -> dict:
         """Place a trajectory on the learner: its device, or sharded along the env axis ``N``
         over the data-parallel learner devices (``NamedSharding`` over the ``"data"`` mesh axis)."""
         if self.mesh is None:
             return jax.device_put(traj, self.learner_device)
+        if self.multi:  # this process's columns of the global trajectory (env axis num_processes * N wide)
+            return _distributed(self.config).to_global(traj, self.mesh, _traj_spec, self.config.num_processes)
         return {k: jax.device_put(v, NamedSharding(self.mesh, _traj_spec(k))) for k, v in traj.items()}
 
     def close(self) -> None:
         """Close the host envs of host actors (idempotent; nothing to do for gymnax actors)."""
         for actor in self.host_actors:
             actor.close()
+        if self.watchdog is not None:
+            self.watchdog.close()
 
     @property
     def env_steps_discarded(self) -> int:
@@ -146,6 +194,10 @@ class AsyncPPO:
                 if self.actor_device in self.learner_devices else "")
         if self.mesh is None:
             return f"placement: actors on {self.actor_device}, learner on {self.learner_device}{same}"
+        if self.multi:
+            return (f"placement: process {jax.process_index()} of {jax.process_count()}: actors on {self.actor_device}, "
+                    f"learner shard on {', '.join(str(d) for d in self.learner_devices)}; "
+                    f"{len(self.global_learner_devices)} data-parallel learners over all processes{same}")
         names = ", ".join(str(d) for d in self.learner_devices)
         return (f"placement: actors on {self.actor_device}, {len(self.learner_devices)} data-parallel learners on "
                 f"{names}{same}")
@@ -175,6 +227,17 @@ class AsyncPPO:
 
     def _learn_item(self, item, version: int):
         t0 = time.perf_counter()
+        if self.multi:  # a collective over every process: one local trajectory each, in lockstep
+            with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if version == 0 else 0.0):
+                state, metrics = self._learn(self.learner_state, item.data)
+                jax.block_until_ready(state.params)
+            self._time("update_s", t0)
+            self.learner_state = state
+            dist = _distributed(self.config)
+            params = dist.local_replica(state.params)
+            # replicas must agree on every process: one line per update (tests compare them)
+            dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
+            return params, dist.local_replica(metrics)
         state, metrics = self._learn(self.learner_state, item.data)
         jax.block_until_ready(state.params)
         self._time("update_s", t0)

@@ -73,6 +73,10 @@ class AsyncRunner:
         stall_timeout_s: a learner without fresh data, or an actor without the params it waits
             for, this long stops the run with :class:`StallError`.
         store: a :class:`ParamStore` to use (tests inject faulty ones); default a new one.
+        admission: ``relaxed`` only: admission control (an actor starts a rollout only when it can
+            be consumed within K; :meth:`TrajectoryQueue.admit`). False: actors roll out with the
+            newest params at once and then wait for room, so stale rollouts reach the lag gate
+            and are dropped (used to exercise the gate; wasteful otherwise).
 
     Raises:
         ValueError: bad schedule/lag/actor-count combination, or a rate-limiter band that could
@@ -81,7 +85,7 @@ class AsyncRunner:
 
     def __init__(self, *, actors: list[ActFn], learn: LearnFn, initial_params: Any, num_updates: int,
                  item_steps: int, schedule: str = "relaxed", max_policy_lag: int = 1, queue_batches: int = 2,
-                 stall_timeout_s: float = 60.0, store: ParamStore | None = None):
+                 stall_timeout_s: float = 60.0, store: ParamStore | None = None, admission: bool = True):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if not actors:
@@ -102,11 +106,14 @@ class AsyncRunner:
         self.actors, self.learn = actors, learn
         self.num_updates, self.item_steps = int(num_updates), int(item_steps)
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
+        self.admission = bool(admission)
         self.stop = threading.Event()
         self.events: queue.Queue = queue.Queue()
         self.telemetry = Telemetry()
         self.actor_logs: list[list[int]] = [[] for _ in actors]  # versions each actor acted with
         self.last_consumed_version = -1
+        self.extra_snapshot: Callable[[], dict] | None = None  # more counters for take_snapshot
+        self.snapshot: dict[str, Any] = {}  # the snapshot of the event being handled by on_update
         self._threads: list[threading.Thread] = []
 
     # -- threads ------------------------------------------------------------------------------------
@@ -116,7 +123,7 @@ class AsyncRunner:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
                 exc.add_note(f"raised in tianji thread {name!r}")
-                self.events.put(("error", name, exc, traceback.format_exc()))
+                self.events.put(("error", name, exc, traceback.format_exc(), None))
                 self.stop.set()
                 self.buffer.wake()
         return run
@@ -165,7 +172,7 @@ class AsyncRunner:
                             0.0, self.stop, admitted=True)
 
     def _actor_loop(self, actor_id: int) -> None:
-        if self.schedule == "relaxed":
+        if self.schedule == "relaxed" and self.admission:
             return self._relaxed_actor_loop(actor_id)
         act = self.actors[actor_id]
         params, version = self.store.latest()
@@ -183,7 +190,9 @@ class AsyncRunner:
             else:
                 if pending is not None and not self._insert(pending):
                     return
-                if self.schedule == "sync" and r >= 1:
+                if self.schedule == "relaxed":  # without admission control
+                    params, version = self.store.latest()
+                elif self.schedule == "sync" and r >= 1:
                     got = self._wait_params(actor_id, r, version)
                     if got is None:
                         return
@@ -215,8 +224,26 @@ class AsyncRunner:
             self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
             version += 1
             self.store.publish(params, version)
-            self.events.put(("update", version, metrics, item))
-        self.events.put(("done", version, None, None))
+            self.events.put(("update", version, metrics, item, self.take_snapshot()))
+        self.events.put(("done", version, None, None, self.take_snapshot()))
+
+    def take_snapshot(self) -> dict[str, Any]:
+        """Counters at this moment, taken in the learner thread right after a publication, so
+        that a metrics row's rates use counts and a time that belong together (the caller's
+        thread may handle the event later): ``time`` (perf_counter seconds), the buffer's
+        ``produced`` / ``consumed`` / ``inserted`` / ``dropped_stale`` / ``depth``, the limiter's
+        ``sampled`` / ``limiter_inserted`` / ``limiter_error``, the telemetry's wait and busy
+        seconds, plus whatever ``extra_snapshot()`` returns (per-phase timers)."""
+        buf, lim, tel = self.buffer, self.buffer.limiter, self.telemetry
+        with tel.lock:
+            waits = {"actor_wait_s": tel.actor_wait_s, "learner_wait_s": tel.learner_wait_s,
+                     "actor_busy_s": tel.actor_busy_s, "learner_busy_s": tel.learner_busy_s}
+        snap = {"time": time.perf_counter(), "produced": buf.produced, "consumed": getattr(buf, "consumed", 0),
+                "inserted": getattr(buf, "inserted", 0), "dropped_stale": buf.dropped_stale, "depth": buf.depth(),
+                "sampled": lim.sampled, "limiter_inserted": lim.inserted, "limiter_error": lim.error, **waits}
+        if self.extra_snapshot is not None:
+            snap.update(self.extra_snapshot())
+        return snap
 
     # -- caller ------------------------------------------------------------------------------------
     def run(self, on_update: Callable[[int, Any, TrajectoryItem], bool], join_timeout_s: float = 5.0) -> int:
@@ -238,7 +265,7 @@ class AsyncRunner:
         try:
             while True:
                 try:
-                    kind, version, payload, item = self.events.get(timeout=0.1)
+                    kind, version, payload, item, snap = self.events.get(timeout=0.1)
                 except queue.Empty:
                     continue
                 if kind == "error":
@@ -248,6 +275,7 @@ class AsyncRunner:
                     done = version
                     break
                 done = version
+                self.snapshot = snap
                 if on_update(version, payload, item):
                     break
         finally:
@@ -259,7 +287,7 @@ class AsyncRunner:
             alive = [t.name for t in self._threads if t.is_alive()]
         if error is None:  # a thread may have failed while we were shutting down
             while not self.events.empty():
-                kind, _, payload, _ = self.events.get_nowait()
+                kind, _, payload, _, _ = self.events.get_nowait()
                 if kind == "error":
                     error = payload
                     break

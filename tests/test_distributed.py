@@ -1,0 +1,235 @@
+"""Multi-host learners on jax.distributed, tested with two local processes on 127.0.0.1 (gloo CPU
+collectives, 2 CPU devices per process): replicas identical on every process after every update,
+the global update equals the single-process update on the concatenated batch, each process is fed
+only its half, and a dead process makes the survivor exit non-zero with a tianji line first.
+Every child is killed by its pid at the end."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import tianji_jax as tj
+from tianji_jax.runtime.async_ppo import AsyncPPO
+
+pytestmark = pytest.mark.timeout(240)
+
+CLI = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+SMALL = ["--runtime", "async", "--num-envs", "4", "--num-steps", "16", "--update-epochs", "2", "--num-minibatches",
+         "1", "--eval-episodes", "0", "--progress", "False", "--tensorboard", "False"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    """A child process whose stderr lines are collected (with arrival times) by a thread."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("TIANJI_DISTRIBUTED_CHILD", None)
+        self.p = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="replace")
+        self.lines: list[tuple[float, str]] = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        for line in self.p.stderr:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def wait(self, timeout: float) -> int:
+        rc = self.p.wait(timeout)
+        self.t.join(5)
+        return rc
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGKILL)
+            self.p.wait(10)
+
+
+def _launch(tmp_path: Path, extra: list[str], heartbeat: int = 10) -> list[_Proc]:
+    port = _free_port()
+    return [_Proc(["-c", CLI, "train", *SMALL, *extra, "--num-processes", "2", "--process-id", str(i),
+                   "--coordinator", f"127.0.0.1:{port}", "--heartbeat-timeout-s", str(heartbeat),
+                   "--run-dir", str(tmp_path / f"run{i}")], tmp_path) for i in range(2)]
+
+
+def _digests(text: str) -> dict[int, str]:
+    return {int(u): h for u, h in re.findall(r"update (\d+) params_sha256 ([0-9a-f]+)", text)}
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
+def test_two_processes_train_with_identical_replicas(tmp_path):
+    procs = _launch(tmp_path, ["--total-env-steps", str(2 * 64 * 4), "--eval-every-env-steps", "128"])
+    try:
+        rcs = [p.wait(200) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    d0, d1 = _digests(procs[0].text), _digests(procs[1].text)
+    assert sorted(d0) == [1, 2, 3, 4] and d0 == d1   # identical replicas after every update
+    assert len(set(d0.values())) == 4                 # and the params did change every update
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "run0" / "metrics.csv")))
+    assert [int(r["env_steps"]) for r in rows] == [128, 256, 384, 512]  # global env steps, 2 x 64 per update
+    assert not (tmp_path / "run1").exists()           # process 0 owns the run directory
+    assert (tmp_path / "run0" / "final_params").is_dir()
+
+
+_WORKER = textwrap.dedent('''
+    import sys, numpy as np
+    pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    import jax
+    jax.config.update("jax_num_cpu_devices", 2)
+    from tianji_jax.runtime import distributed as dist
+    dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
+    import tianji_jax as tj
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+    cfg = tj.PPOConfig(num_envs=4, num_steps=16, total_env_steps=2 * 64 * 4, eval_episodes=0, runtime="async",
+                       update_epochs=3, num_minibatches=1, num_processes=2, process_id=pid,
+                       coordinator=f"127.0.0.1:{port}")
+    ppo = AsyncPPO(cfg)
+    _, traj = ppo._rollout(jax.device_put(ppo.local_learner_state.params, ppo.actor_device),
+                           jax.numpy.asarray(0, jax.numpy.int32), ppo._actor_states[0])
+    placed = ppo.to_learner(traj)
+    shards = placed["obs"].addressable_shards
+    info = dict(global_shape=np.asarray(placed["obs"].shape), shard_shapes=np.asarray([s.data.shape for s in shards]),
+                shard_on_local_learner=np.asarray([s.device in ppo.learner_devices for s in shards]),
+                shard_is_mine=np.asarray([np.array_equal(np.asarray(s.data), np.asarray(traj["obs"])) for s in shards]),
+                global_devices=np.asarray(len(ppo.global_learner_devices)))
+    new, metrics = ppo._learn(ppo.learner_state, placed)
+    local = dist.local_replica(new)
+    leaves = {f"param_{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(local.params))}
+    m = {f"metric_{k}": np.asarray(v) for k, v in jax.device_get(dist.local_replica(metrics)).items()}
+    t = {f"traj_{k}": np.asarray(v) for k, v in traj.items()}
+    np.savez(out, version=np.asarray(local.version), **info, **leaves, **m, **t)
+    print("worker done", flush=True)
+''')
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
+def test_global_update_equals_single_process_update_and_each_process_gets_its_half(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    port = _free_port()
+    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}.npz")], tmp_path) for i in range(2)]
+    try:
+        rcs = [p.wait(200) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    out = [dict(np.load(tmp_path / f"p{i}.npz")) for i in range(2)]
+    for o in out:  # (c): global (T, 2N) batch; this process holds only its own N columns, on its learner device
+        assert tuple(o["global_shape"]) == (16, 8, 4) and int(o["global_devices"]) == 2
+        assert o["shard_shapes"].tolist() == [[16, 4, 4]]
+        assert o["shard_on_local_learner"].all() and o["shard_is_mine"].all()
+        assert int(o["version"]) == 1
+    assert not np.array_equal(out[0]["traj_obs"], out[1]["traj_obs"])  # different actor streams
+    n = len([k for k in out[0] if k.startswith("param_")])
+    for i in range(n):  # (a) replicas identical bitwise
+        np.testing.assert_array_equal(out[0][f"param_{i}"], out[1][f"param_{i}"])
+    # (b) the single-process update on the concatenated batch (process 0's columns first)
+    keys = [k[5:] for k in out[0] if k.startswith("traj_")]
+    concat = {k: np.concatenate([out[0]["traj_" + k], out[1]["traj_" + k]], axis=0 if k == "last_obs" else 1)
+              for k in keys}
+    single = AsyncPPO(tj.PPOConfig(num_envs=8, num_steps=16, total_env_steps=2 * 64 * 4, eval_episodes=0,
+                                   runtime="async", update_epochs=3, num_minibatches=1))
+    ref, ref_m = single._learn(single.learner_state, single.to_learner(concat))
+    for i, leaf in enumerate(jax.tree.leaves(ref.params)):
+        np.testing.assert_allclose(out[0][f"param_{i}"], np.asarray(leaf), rtol=2e-5, atol=2e-6)
+    ref_m = jax.device_get(ref_m)
+    for k in ("episode_return_sum", "episode_count", "policy_lag_max"):
+        np.testing.assert_allclose(out[0][f"metric_{k}"], ref_m[k], rtol=1e-6)
+    for k in ("policy_loss", "value_loss", "entropy", "grad_norm"):
+        np.testing.assert_allclose(out[0][f"metric_{k}"], ref_m[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
+def test_survivor_exits_nonzero_with_a_tianji_line_naming_the_dead_process(tmp_path):
+    heartbeat = 5
+    procs = _launch(tmp_path, ["--total-env-steps", str(2 * 64 * 100_000), "--eval-every-env-steps", "128"],
+                    heartbeat=heartbeat)
+    try:
+        deadline = time.monotonic() + 150
+        while 2 not in _digests(procs[1].text) and time.monotonic() < deadline:
+            assert procs[0].p.poll() is None and procs[1].p.poll() is None, [p.text[-3000:] for p in procs]
+            time.sleep(0.2)
+        assert 2 in _digests(procs[1].text), procs[1].text[-3000:]
+        t_kill = time.monotonic()
+        procs[1].kill()  # SIGKILL the launcher of process 1; its training child dies with it
+        rc = procs[0].wait(heartbeat + 30 + 10)
+        elapsed = time.monotonic() - t_kill
+    finally:
+        for p in procs:
+            p.kill()
+    assert rc != 0 and elapsed <= heartbeat + 30, (rc, elapsed)
+    lines = [line for _, line in procs[0].lines]
+    assert any("died" in line for line in lines), (rc, elapsed, "\n".join(lines[-25:]))
+    idx = next(i for i, line in enumerate(lines) if "died" in line)
+    assert lines[idx].startswith("tianji[p0]: process 1 died"), lines[idx]
+    after_training = [i for i, line in enumerate(lines) if "params_sha256" in line][-1]
+    # nothing but the tianji line between the last update and it (jax's report comes after)
+    assert idx == after_training + 1 or all(not line.strip() or "params_sha256" in line
+                                            for line in lines[after_training + 1: idx]), lines[after_training:idx + 3]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_processes=2, process_id=2, coordinator="h:1"), "process_id must be <= 1"),
+    (dict(num_processes=2), "needs coordinator='HOST:PORT'"),
+    (dict(num_processes=2, coordinator="nohost"), "coordinator must be 'HOST:PORT'"),
+    (dict(num_processes=2, coordinator="h:99999"), "port in 1..65535"),
+    (dict(num_processes=2, coordinator="h:1", runtime="anakin"), "needs runtime='async'"),
+    (dict(num_processes=2, coordinator="h:1", eval_episodes=1, stop_at_return=100.0), "stop_at_return"),
+    (dict(coordinator="h:1"), "needs num_processes > 1"),
+    (dict(num_processes=0), "num_processes must be >= 1"),
+])
+def test_bad_multi_host_fields_are_named(kwargs, match):
+    base = dict(num_envs=4, num_steps=16, total_env_steps=1024, eval_episodes=0, runtime="async")
+    with pytest.raises(ValueError, match=match):
+        tj.PPOConfig(**{**base, **kwargs})
+
+
+def test_global_batch_sets_the_number_of_updates():
+    c = tj.PPOConfig(num_envs=4, num_steps=16, total_env_steps=1024, eval_episodes=0, runtime="async",
+                     num_processes=2, coordinator="127.0.0.1:1234")
+    assert (c.batch_size, c.global_batch_size, c.num_updates, c.env_steps) == (64, 128, 8, 1024)
+
+
+def test_async_ppo_refuses_a_job_it_has_not_joined():
+    c = tj.PPOConfig(num_envs=4, num_steps=16, total_env_steps=1024, eval_episodes=0, runtime="async",
+                     num_processes=2, coordinator="127.0.0.1:1234")
+    with pytest.raises(ValueError, match="has not joined"):
+        AsyncPPO(c)
+
+
+def test_cli_rejects_bad_launch_flags(capsys):
+    from tianji_jax.cli import main
+
+    assert main(["train", "--runtime", "async", "--num-processes", "2", "--process-id", "0"]) == 2
+    assert "needs --coordinator" in capsys.readouterr().err
+    assert main(["train", "--num-processes", "2", "--process-id", "5", "--coordinator", "h:1"]) == 2
+    assert "--process-id must be in 0..1" in capsys.readouterr().err

@@ -1,0 +1,378 @@
+"""Multi-host learners on ``jax.distributed`` (the Sebulba multi-controller pattern).
+
+Every process runs the same program: its own actors on its first local device, its own
+trajectory queue, and a learner shard on its last ``num_learner_devices`` local devices. The
+learner update is one ``shard_map`` over a *global* ``Mesh`` (axis ``"data"``) spanning the
+learner devices of all processes, so gradients are averaged over every learner device of every
+process and the replicas stay identical everywhere.
+
+Lockstep (the rule that keeps collectives matched): every process runs exactly
+``num_updates`` updates, in the same order, from its learner thread only, and each global update
+takes exactly **one local trajectory per process** (``num_envs`` env columns of ``num_steps``
+steps; the global batch is ``num_processes * num_envs * num_steps``). A process's trajectory queue,
+lag gate and rate limiter work as on one host, against the global policy version: version ``v`` =
+number of global updates published, identical on every process because every process publishes
+once per collective update. A process whose queue is empty simply makes the others wait inside the
+collective (the slowest process sets the pace); the lag gate still applies per process.
+
+Nothing else issues collectives during a run except the telemetry sum (:func:`make_counter_sum`),
+which is called from the learner thread right after each update (and once by the main thread
+before the threads start), so it is in lockstep too. Evaluation, logging and checkpoints run on
+each process's *local* replica of the params (process 0 writes the run directory).
+
+Failures: a process that dies closes its sockets; jax's coordination service notices (at once,
+or after ``heartbeat_timeout_s`` for a hung peer) and terminates every survivor. jax's hook for
+that (``missed_heartbeat_callback``) cannot take a Python callable in this jaxlib, so the
+``tianji train`` launcher runs training in a child process under a small supervisor
+(:func:`supervise`): it forwards the child's output, recognises the coordination service's fatal
+report, prints a ``tianji:`` line naming the dead process *before* jax's lines and exits
+non-zero. A :class:`Watchdog` in the learner additionally ends a process whose collective update
+makes no progress for ``collective_timeout_s`` (a peer that is alive but stuck).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
+           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "Watchdog", "supervise",
+           "CHILD_ENV", "EXIT_PEER_DEAD"]
+
+CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
+"""Set in the environment of the training child that :func:`supervise` starts."""
+EXIT_PEER_DEAD = 3
+"""Exit status of a survivor whose peer process died (or stopped responding)."""
+
+_LOG_PREFIX = "tianji"
+
+
+def log(msg: str) -> None:
+    """One ``tianji[pI]:`` line on stderr, flushed."""
+    pid = os.environ.get("TIANJI_PROCESS_ID", "?")
+    print(f"{_LOG_PREFIX}[p{pid}]: {msg}", file=sys.stderr, flush=True)
+
+
+def check_coordinator(coordinator: Any) -> tuple[str, int]:
+    """``(host, port)`` from ``"HOST:PORT"``.
+
+    Raises:
+        ValueError: not of the form ``HOST:PORT`` with a port in 1..65535.
+    """
+    if not isinstance(coordinator, str) or ":" not in coordinator:
+        raise ValueError(f"coordinator must be 'HOST:PORT' (e.g. '10.0.0.1:12345'), got {coordinator!r}")
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"coordinator must be 'HOST:PORT' with a port in 1..65535, got {coordinator!r}")
+    return host, int(port)
+
+
+def is_initialized() -> bool:
+    """Whether ``jax.distributed`` has been initialised in this process."""
+    import jax
+
+    return jax.distributed.is_initialized()
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbeat_timeout_s: int = 60,
+               initialization_timeout_s: int = 300, local_device_ids: Sequence[int] | None = None) -> None:
+    """Join the job: ``jax.distributed.initialize`` with the CPU collectives set to gloo (the CPU
+    backend has no cross-process collectives otherwise). Must run before JAX's backend starts
+    (before any array is created, a config resolving a gymnax env included).
+
+    Raises:
+        ValueError: bad arguments.
+        RuntimeError: JAX's backend has already started, or the coordinator is unreachable within
+            ``initialization_timeout_s``.
+    """
+    import jax
+    from jax._src import xla_bridge
+
+    check_coordinator(coordinator)
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
+    if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id must be in 0..{num_processes - 1}, got {process_id!r}")
+    if jax.distributed.is_initialized():
+        if (jax.process_count(), jax.process_index()) != (num_processes, process_id):
+            raise RuntimeError(f"jax.distributed is already initialised as process {jax.process_index()} of "
+                               f"{jax.process_count()}, not {process_id} of {num_processes}")
+        return
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("jax.distributed must be initialised before JAX's backend starts (before any array or "
+                           "config with a gymnax env is created): call tianji_jax.runtime.distributed.initialize(...) "
+                           "first, or launch with `tianji train --num-processes P --process-id I --coordinator H:P`")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    os.environ["TIANJI_PROCESS_ID"] = str(process_id)
+    os.environ["TIANJI_HEARTBEAT_S"] = str(int(heartbeat_timeout_s))
+    jax.distributed.initialize(coordinator, num_processes, process_id, local_device_ids=local_device_ids,
+                               initialization_timeout=int(initialization_timeout_s),
+                               heartbeat_timeout_seconds=int(heartbeat_timeout_s))
+    log(f"joined {coordinator} as process {process_id} of {num_processes}; local devices {jax.local_devices()}, "
+        f"{jax.device_count()} devices in all")
+
+
+def placement(num_learner_devices: int) -> tuple[Any, list, list]:
+    """``(actor_device, local_learner_devices, global_learner_devices)``: actors on the first
+    local device, the local learner shard on the last ``num_learner_devices`` local devices; the
+    global learner devices are every process's local learner devices, ordered by process index
+    (so the global env axis is process 0's columns, then process 1's, ...).
+
+    Raises:
+        ValueError: a process has fewer devices than ``num_learner_devices``.
+    """
+    import jax
+
+    by_proc: dict[int, list] = {}
+    for d in jax.devices():
+        by_proc.setdefault(d.process_index, []).append(d)
+    glob: list = []
+    for p in sorted(by_proc):
+        devs = sorted(by_proc[p], key=lambda d: d.id)
+        if num_learner_devices > len(devs):
+            raise ValueError(f"num_learner_devices={num_learner_devices}: process {p} has only {len(devs)} "
+                             f"{devs[0].platform} device(s)")
+        glob += devs[len(devs) - num_learner_devices:]
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    return local[0], local[len(local) - num_learner_devices:], glob
+
+
+def replicate(tree: Any, sharding: Any) -> Any:
+    """A pytree of identical-everywhere values (same seed on every process) as global arrays
+    replicated over ``sharding`` (``NamedSharding(mesh, P())``); no communication."""
+    import jax
+
+    def one(x):
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+    return jax.tree.map(one, tree)
+
+
+def to_global(traj: dict, mesh: Any, spec_of: Any, num_processes: int) -> dict:
+    """This process's trajectory as its part of the global trajectory: each leaf's env axis (axis
+    1 of ``(T, N, ...)``, axis 0 of ``last_obs``) becomes ``num_processes * N`` wide, this process
+    holding its ``N`` columns split over its local learner devices
+    (``jax.make_array_from_process_local_data``)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    out = {}
+    for k, v in traj.items():
+        axis = 0 if k == "last_obs" else 1
+        shape = list(v.shape)
+        shape[axis] *= num_processes
+        out[k] = jax.make_array_from_process_local_data(NamedSharding(mesh, spec_of(k)), v, tuple(shape))
+    return out
+
+
+def local_replica(tree: Any) -> Any:
+    """The replica on this process's first addressable device of every (replicated) leaf: plain
+    single-device arrays that local code (actors, evaluation, checkpoints) can use."""
+    import jax
+
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and
+                        not x.is_fully_addressable else x, tree)
+
+
+def params_digest(tree: Any) -> str:
+    """sha256 (16 hex digits) over the bytes of every leaf of ``tree`` (host copies, in tree order)."""
+    import jax
+
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(local_replica(tree))):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+_SUMMED = ("produced", "consumed", "inserted", "dropped_stale", "dropped_partial", "depth", "sampled",
+           "limiter_inserted", "limiter_error")
+
+
+def make_counter_sum(mesh: Any, local_devices: list) -> Any:
+    """``f(snapshot) -> snapshot``: the runner's telemetry snapshot made global. Counts (items
+    produced/consumed/inserted/dropped, queue depth, limiter counters) are summed over processes;
+    seconds (waits, busy time, per-phase timers) are averaged over processes, so wait fractions stay
+    per-process fractions; ``time`` stays local. A collective: call it in lockstep only."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n_dev = len(local_devices)
+    nproc = jax.process_count()
+    fn = jax.jit(jax.shard_map(lambda i, f: (jax.lax.psum(i, "data"), jax.lax.psum(f, "data")), mesh=mesh,
+                               in_specs=(P("data"), P("data")), out_specs=(P(), P()), check_vma=False))
+    sharding = NamedSharding(mesh, P("data"))
+
+    def total(snap: dict) -> dict:
+        ikeys = [k for k in _SUMMED if k in snap]
+        fkeys = [k for k in snap if k not in ikeys and k != "time" and isinstance(snap[k], (int, float))]
+        ints = np.zeros((n_dev, max(len(ikeys), 1)), np.int32)
+        flts = np.zeros((n_dev, max(len(fkeys), 1)), np.float32)
+        ints[0, :len(ikeys)] = [int(round(snap[k])) for k in ikeys]   # counted once per process
+        flts[0, :len(fkeys)] = [float(snap[k]) for k in fkeys]
+        gi = jax.make_array_from_process_local_data(sharding, ints, (n_dev * nproc, ints.shape[1]))
+        gf = jax.make_array_from_process_local_data(sharding, flts, (n_dev * nproc, flts.shape[1]))
+        si, sf = fn(gi, gf)
+        si, sf = np.asarray(si.addressable_data(0)).reshape(-1), np.asarray(sf.addressable_data(0)).reshape(-1)
+        out = dict(snap)
+        out.update({k: int(si[j]) for j, k in enumerate(ikeys)})
+        out.update({k: float(sf[j]) / nproc for j, k in enumerate(fkeys)})
+        return out
+    return total
+
+
+class Watchdog:
+    """Ends the process (status :data:`EXIT_PEER_DEAD`) when a collective section stays open
+    longer than ``timeout_s`` (a peer alive but stuck; a dead peer is caught by jax's heartbeats).
+    ``with watchdog.section("update 3"): ...`` around each collective call."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+        self._open: tuple[str, float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tianji-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                cur = self._open
+            if cur is not None and time.monotonic() - cur[1] > self.timeout_s:
+                log(f"collective {cur[0]} made no progress for {self.timeout_s:g} s: a peer process is stuck or "
+                    "gone; exiting")
+                os._exit(EXIT_PEER_DEAD)
+
+    def section(self, name: str, extra_s: float = 0.0):
+        """A context manager timing one collective call (``extra_s`` more allowed, e.g. compilation)."""
+        wd = self
+
+        class _Section:
+            def __enter__(self):
+                with wd._lock:
+                    wd._open = (name, time.monotonic() + extra_s)
+
+            def __exit__(self, *exc):
+                with wd._lock:
+                    wd._open = None
+                return False
+        return _Section()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# -- the launcher's supervisor ----------------------------------------------------------------------
+_UNHEALTHY = re.compile(r"following tasks are unhealthy")
+_TRANSPORT = re.compile(r"(Gloo .*failed|Connection closed by peer|Connection reset by peer|Read error)", re.IGNORECASE)
+_FATAL = re.compile(r"(JAX distributed service detected fatal errors|Polled an error from coordination service|"
+                    r"coordination service.*(unavailable|Socket closed)|" + _TRANSPORT.pattern[1:-1] + ")",
+                    re.IGNORECASE)
+
+
+def child_failed(exc: BaseException) -> int:
+    """Exit status for a multi-host training child that raised ``exc``. A collective that failed
+    because a peer went away: wait (up to the heartbeat timeout + 5 s) for jax's coordination
+    service to terminate this process with its report naming the dead process (the supervisor
+    turns that into the tianji line), then give up with :data:`EXIT_PEER_DEAD`; otherwise 1."""
+    text = f"{exc!r} {getattr(exc, '__notes__', '')}"
+    if not _TRANSPORT.search(text):
+        return 1
+    time.sleep(float(os.environ.get("TIANJI_HEARTBEAT_S", "60")) + 5)
+    return EXIT_PEER_DEAD
+
+
+def _dead_from(lines: list[str], me: int, num_processes: int) -> str:
+    """Which process died, from the coordination service's report (``...unhealthy...:`` followed
+    by task ids); a survivor that lost the coordinator itself (process 0) says so."""
+    text = "\n".join(lines)
+    m = re.search(r"unhealthy \(stopped sending heartbeats\):\s*([\d,\s]+)", text)
+    if m:
+        ids = sorted({int(x) for x in re.findall(r"\d+", m.group(1))})
+        return ", ".join(f"process {i}" for i in ids)
+    if me != 0 and re.search(r"Socket closed|coordination service|UNAVAILABLE", text):
+        return "process 0 (the coordinator)"
+    return "a peer process"
+
+
+def supervise(argv: list[str], *, num_processes: int, process_id: int, heartbeat_timeout_s: float) -> int:
+    """Run ``tianji train argv`` in a child process and forward its output. When the child reports
+    that the distributed job lost a process, print ``tianji[pI]: process J died ...`` before the
+    report and return :data:`EXIT_PEER_DEAD`; otherwise return the child's exit status. The child
+    dies with the supervisor (``PR_SET_PDEATHSIG``); SIGINT/SIGTERM are forwarded."""
+    os.environ["TIANJI_PROCESS_ID"] = str(process_id)
+    env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    code = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+
+    def _pdeathsig() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except Exception:  # noqa: BLE001 - best effort (non-Linux)
+            pass
+
+    child = subprocess.Popen([sys.executable, "-c", code, "train", *argv], env=env, stdout=None,
+                             stderr=subprocess.PIPE, preexec_fn=_pdeathsig, text=True, errors="replace",
+                             bufsize=1)
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    held: list[str] = []
+    fatal = False
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:
+            if not fatal and (_FATAL.search(line) or _UNHEALTHY.search(line)):
+                fatal = True
+            if fatal or held or line.startswith("Traceback"):
+                held.append(line)  # a traceback or jax's report: printed after our line
+                if len(held) > 400:
+                    held.pop(0)
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        rc = child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if fatal and rc != 0:
+        who = _dead_from(held, process_id, num_processes)
+        log(f"{who} died or stopped responding (jax.distributed heartbeat timeout {heartbeat_timeout_s:g} s); "
+            f"this process (process {process_id} of {num_processes}) is exiting with status {EXIT_PEER_DEAD}; "
+            f"jax's report follows")
+        sys.stderr.writelines(held)
+        sys.stderr.flush()
+        return EXIT_PEER_DEAD
+    sys.stderr.writelines(held)
+    sys.stderr.flush()
+    return rc
