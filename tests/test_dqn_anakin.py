@@ -63,7 +63,10 @@ def np_tree(tree):
     (dict(runtime="sebulba"), "runtime"),
     (dict(env="gymnax:Pendulum-v1"), "Discrete"),
     (dict(env="gymnax:CartPol-v1"), "CartPole-v1"),
-    (dict(learning_starts=20), "learning_starts"),  # < batch_size + (n_step - 1) * num_envs = 24
+    (dict(learning_starts=20), "learning_starts"),
+    (dict(total_env_steps=100, learning_starts=200), "leaves no gradient update"),
+    (dict(tau=2.0, target_update_period=50), "tau must be in (0.0, 1.0]"),
+    (dict(total_env_steps=2**31), "total_env_steps must be <= 2147483647"),  # < batch_size + (n_step - 1) * num_envs = 24
     (dict(buffer_capacity=8), "buffer_capacity"),
     (dict(total_env_steps=4), "total_env_steps"),
     (dict(hidden_sizes=(16, 0)), "hidden_sizes"),

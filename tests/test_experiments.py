@@ -92,3 +92,12 @@ def test_staleness_quick(tmp_path):
     assert (df["consumed_env_sps"] > 0).all() and (df.loc[df["max_policy_lag"] == 0, "sps_over_sync"] == 1).all()
     curves = pd.read_csv(tmp_path / "curves.csv")
     assert curves["eval_return_mean"].notna().all()
+
+
+def test_pong_relaxed_vs_sync_quick(tmp_path):
+    summary = _run_quick("pong_relaxed_vs_sync.py", tmp_path)
+    assert "relaxed / sync consumed SPS" in summary
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert set(df["schedule"]) == {"sync", "relaxed"} and (df["consumed_sps"] > 0).all()
+    assert df.loc[df["schedule"] == "sync", "policy_lag_max"].max() == 0
+    assert df.loc[df["schedule"] == "relaxed", "policy_lag_max"].max() <= 2

@@ -78,6 +78,9 @@ def test_async_ppo_runs_on_host_envs_within_the_lag_bound(tmp_path, env, schedul
     assert np.all(c["policy_lag_max"] <= config.policy_lag_bound)
     assert np.all(np.isfinite(c["eval_return_mean"])) and np.all(c["eval_return_mean"] >= 8)  # CartPole >= 8
     assert np.all(c["dropped_partial"] >= 0) and (tmp_path / "final_params").is_dir()
+    # per-phase timers: the rollout splits into policy inference and env stepping on host envs
+    assert np.all(c["inference_s"] > 0) and np.all(c["env_step_s"] > 0)
+    assert np.all(c["inference_s"] + c["env_step_s"] <= c["rollout_s"] * 1.01 + 1e-3)
     assert result.state.actor is None and result.state.obs_rms is None
 
 

@@ -283,13 +283,24 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
-def _two_cpu_devices() -> None:
-    """Give the CPU platform 2 devices so async actors and learner can sit on different devices
-    (design.md section 3). Only possible before JAX's backend starts; otherwise left as is."""
+def _two_cpu_devices(argv: list[str] | None = None) -> None:
+    """Give the CPU platform enough devices for async actors and learners to sit on different ones
+    (design.md section 3): 2, or ``--num-learner-devices L`` + 1 when that is more. Left alone when
+    ``XLA_FLAGS`` already sets ``--xla_force_host_platform_device_count`` (the user's choice), and
+    only possible before JAX's backend starts; otherwise left as is. Accelerators are unaffected."""
+    import os
+
     import jax
 
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return
+    want = 2
     try:
-        jax.config.update("jax_num_cpu_devices", 2)
+        want = max(2, int(_flag_value(argv or [], "--num-learner-devices", "1")) + 1)
+    except ValueError:
+        pass  # a bad value is reported by the config's validation
+    try:
+        jax.config.update("jax_num_cpu_devices", want)
     except RuntimeError:
         pass
 
@@ -297,7 +308,7 @@ def _two_cpu_devices() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tianji``. Returns the process exit status (0 ok, 2 bad usage/config)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _two_cpu_devices()
+    _two_cpu_devices(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

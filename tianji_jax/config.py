@@ -138,7 +138,8 @@ class PPOConfig:
 
     env: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
                                        help_behavior_hint="(default: gymnax:CartPole-v1)")] = "gymnax:CartPole-v1"
-    """Environment: ``"gymnax:<id>"`` (or a bare gymnax id), or a gymnax-style environment object
+    """Environment: ``"gymnax:<id>"`` (or a bare gymnax id), ``"envpool:<id>"`` or
+    ``"gymnasium:<id>"`` (host envs, async runtime only), or a gymnax-style environment object
     with ``reset(key, params)``, ``step(key, state, action, params)``, ``default_params``,
     ``observation_space(params)`` and ``action_space(params)``."""
     seed: int = 0
@@ -231,6 +232,7 @@ class PPOConfig:
         for name in ("total_env_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
                      "eval_every_env_steps"):
             _check_int(name, getattr(self, name), minimum=1)
+        _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
         _check_float("learning_rate", self.learning_rate, low=0.0, low_open=True)
         _check_float("gamma", self.gamma, low=0.0, high=1.0)
@@ -516,6 +518,7 @@ class DQNConfig:
         for name in ("total_env_steps", "num_envs", "num_steps", "buffer_capacity", "batch_size", "n_step",
                      "eval_every_env_steps"):
             _check_int(name, getattr(self, name), minimum=1)
+        _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
         _check_int("buffer_capacity", self.buffer_capacity, maximum=2**31 - 1)
         _check_int("learning_starts", self.learning_starts, minimum=0)
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
@@ -546,6 +549,8 @@ class DQNConfig:
         if self.runtime not in _DQN_RUNTIMES:
             raise ValueError(f"runtime must be one of {_DQN_RUNTIMES}, got {self.runtime!r}")
         # target network: exactly one of the two rules
+        if self.tau is not None:
+            _check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
         if (self.target_update_period is None) == (self.tau is None):
             raise ValueError(
                 "set exactly one of target_update_period (hard copy every K gradient updates) and tau "
@@ -576,6 +581,11 @@ class DQNConfig:
                 f"{self.batch_size} + {lag_items} = {need}, so replay holds a batch when learning starts")
         if self.buffer_capacity < self.batch_size:
             raise ValueError(f"buffer_capacity={self.buffer_capacity} must be >= batch_size={self.batch_size}")
+        if self.learning_iterations == 0:
+            raise ValueError(
+                f"learning_starts={self.learning_starts} leaves no gradient update within total_env_steps="
+                f"{self.total_env_steps} ({self.num_iterations} iterations of {self.iteration_env_steps} env steps); "
+                f"allowed: learning_starts < {self.num_iterations * self.iteration_env_steps}")
         spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
@@ -587,7 +597,10 @@ class DQNConfig:
         object.__setattr__(self, "_env_spec", spec)
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
-        replay.check_fits(self.replay_bytes)  # MemoryError before anything is allocated
+        try:
+            replay.check_fits(self.replay_bytes)  # MemoryError before anything is allocated
+        except MemoryError as err:
+            raise MemoryError(f"buffer_capacity={self.buffer_capacity}: {err}") from None
 
     # ---- derived quantities -------------------------------------------------------------------
     @property
@@ -686,7 +699,8 @@ class DQNConfig:
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
             + (f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
-               "replay ratio held by the rate limiter" if self.runtime == "async" else "; Anakin runtime")
+               "replay ratio held by the rate limiter, which also sets the exact env steps (the same to within "
+               "its band)" if self.runtime == "async" else "; Anakin runtime")
         )
 
 

@@ -26,7 +26,7 @@ METRIC_COLUMNS = (
     "eval_return_mean", "eval_return_std", "policy_loss", "value_loss", "entropy", "approx_kl",
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
     "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "actor_wait_frac", "learner_wait_frac", "queue_depth",
-    "rollout_s", "h2d_s", "update_s",
+    "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
     "epsilon", "replay_ratio_observed", "td_loss", "q_mean",
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
@@ -42,8 +42,11 @@ Async runtime only (empty in Anakin): ``production_sps`` (env steps inserted by 
 envs: env steps an actor dropped before insertion because a rollout started with newer params —
 transitions left over from uneven resets and actions in flight — cumulative; 0 for gymnax),
 ``actor_wait_frac`` / ``learner_wait_frac`` (share of the chunk's wall time spent waiting),
-``queue_depth`` (trajectories waiting), and per-phase seconds within the chunk ``rollout_s``
-(inference + env step), ``h2d_s`` (transfers between devices), ``update_s``.
+``queue_depth`` (trajectories waiting), and per-phase seconds within the chunk (summed over
+actors) ``rollout_s`` (inference + env step), for host envs split into ``inference_s`` (policy on
+the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
+trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),
+``h2d_s`` (transfers between devices), ``update_s``.
 DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration),
 ``replay_ratio_observed`` (gradient updates / env steps within the chunk: ``replay_ratio`` once
 learning has started, 0 before ``learning_starts``), ``td_loss`` (DQN's loss: mean TD loss of the
@@ -340,6 +343,10 @@ class _RunFiles:
 def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
                check_versions) -> TrainResult:
     """:func:`train` for a :class:`PPOConfig`."""
+    if config.runtime == "async" and config.num_processes == 1:
+        from tianji_jax.runtime.async_ppo import placement
+
+        placement(num_learner_devices=config.num_learner_devices)  # device errors before the run dir exists
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
         run_dir, progress = None, False
     start = time.perf_counter()
@@ -441,7 +448,9 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
     def extra() -> dict:
         with ppo.timers_lock:
             timers = dict(ppo.timers)
-        return {**timers, "dropped_partial": ppo.env_steps_discarded}
+        # the learner state as published with this version (the learner thread takes the snapshot
+        # right after publishing; the caller handles the event later, when the learner may be ahead)
+        return {**timers, "dropped_partial": ppo.env_steps_discarded, "learner_state": ppo.learner_state}
 
     runner.extra_snapshot = extra
     pending: list[Any] = []
@@ -474,7 +483,8 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         last.update(snap)
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
         obs_rms = jax.device_put(ppo.obs_rms, ppo.eval_sharding) if ppo.obs_rms is not None else None
-        learner = ppo.local_learner_state  # multi-host: this process's replica
+        state_v = snap["learner_state"]  # exactly version `version`, whatever the learner does meanwhile
+        learner = _distributed_local(config, state_v) if ppo.multi else state_v
         stop = emit(row, learner.params, obs_rms)
         saved = PPOTrainState(ppo._actor_states[0], learner)
         files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
@@ -492,6 +502,13 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
     finally:
         ppo.close()
     return PPOTrainState(ppo._actor_states[0], ppo.local_learner_state), stopped[0]
+
+
+def _distributed_local(config: PPOConfig, state: Any) -> Any:
+    """This process's local replica of a global learner state (multi-host runs)."""
+    from tianji_jax.runtime.async_ppo import _distributed
+
+    return _distributed(config).local_replica(state)
 
 
 def _save_params(path: Path, params: Any) -> None:
@@ -748,7 +765,9 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
 
     def extra() -> dict:
         with dqn.timers_lock:
-            return dict(dqn.timers)
+            timers = dict(dqn.timers)
+        # device copies of (learner, replay) the learner thread took at this block when a row is due
+        return {**timers, "state_copy": dqn.snapshot}
 
     runner.extra_snapshot = extra
     pending: list[dict] = []
@@ -787,9 +806,10 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
         }
         last.clear()
         last.update(snap)
+        learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
         if evaluator is not None:
             eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
-            returns, _ = jax.device_get(evaluator(dqn.learner_state.params, eval_key))
+            returns, _ = jax.device_get(evaluator(learner.params, eval_key))
             row["eval_return_mean"] = float(np.mean(returns))
             row["eval_return_std"] = float(np.std(returns))
         row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
@@ -800,7 +820,6 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             callback(dict(row))
         if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
             stopped[0] = True
-        learner, replay_copy = dqn.snapshot  # the learner thread's copies at this block (replay is donated)
         state = DQNTrainState(dqn._actor_states[0], learner, replay_copy)
         files.maybe_save(state, inserted, {"stopped_early": stopped[0]},
                          finished=stopped[0] or version == config.learning_iterations)

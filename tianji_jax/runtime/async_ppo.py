@@ -117,6 +117,8 @@ class AsyncPPO:
             self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
+        if config.env_spec.on_host:  # host actors time their two halves apart (gymnax fuses them)
+            self.timers.update(inference_s=0.0, env_step_s=0.0)
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         if self.multi:  # same seed everywhere: identical replicas without communication; own actor streams

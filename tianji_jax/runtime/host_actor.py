@@ -42,7 +42,8 @@ class HostActor:
         to_learner: ``to_learner(traj) -> traj`` places a finished trajectory on the learner's
             device(s) (sharded over data-parallel learners).
         timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to the named phase (``rollout_s`` =
-            inference + env step, ``h2d_s`` = transfers).
+            inference + env step, split into ``inference_s`` and ``env_step_s``; ``h2d_s`` =
+            transfers).
 
     Attributes:
         chunker: the :class:`TrajectoryChunker`; ``chunker.transitions_discarded`` counts env steps
@@ -55,6 +56,7 @@ class HostActor:
         spec = config.env_spec
         self.config, self.policy, self.actor_id = config, policy, actor_id
         self.actor_device, self.to_learner, self._time = actor_device, to_learner, timer
+        self._add = lambda name, seconds: timer(name, time.perf_counter() - seconds)  # add a duration
         self.env = spec.make_host_env(config.num_envs, host_env_seed(config.seed, actor_id, config.num_envs),
                                       config.env_batch_size)
         self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, spec.observation_space,
@@ -85,17 +87,24 @@ class HostActor:
         t0 = time.perf_counter()
         if self._step is None:
             self._step = self.env.reset()
+        infer_s = env_s = 0.0
         while not self.chunker.ready():
             step = self._step
+            t1 = time.perf_counter()
             env_action, action, log_prob, value, self.key = self.policy(
                 params, jax.device_put(step.obs, self.actor_device), self.key)
             env_action, action, log_prob, value = jax.device_get((env_action, action, log_prob, value))
+            t2 = time.perf_counter()
             self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version)
             self._step = self.env.step(np.asarray(env_action), step.env_id)
             self.env_steps += len(self._step)
             self.chunker.record_step(self._step)
+            infer_s += t2 - t1
+            env_s += time.perf_counter() - t2
         traj = self.chunker.pop()
         self._time("rollout_s", t0)
+        self._add("inference_s", infer_s)
+        self._add("env_step_s", env_s)
         t0 = time.perf_counter()
         traj = jax.block_until_ready(self.to_learner(traj))
         self._time("h2d_s", t0)
