@@ -1,5 +1,7 @@
-"""Buffers between actors and learners. ``TrajectoryQueue``: the on-policy FIFO with the lag gate
-and the rate limiter in one place (design.md section 4)."""
+"""Buffers between actors and learners, with the lag gate and the rate limiter in one place
+(design.md section 4): ``TrajectoryQueue``, the on-policy FIFO (gate at consumption, admission by
+lag), and ``ReplayIngress``, the off-policy path into a learner-owned replay (gate at insert).
+Both share the actor side (:class:`_Inbox`: admit / put / counters)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,90 @@ class TrajectoryItem:
     seq: int = -1
 
 
-class TrajectoryQueue:
+class _Inbox:
+    """The actor side both buffers share: version-stamped items in a FIFO guarded by one condition,
+    admission (:meth:`admit` reserves limiter room before a rollout starts; subclasses add their
+    own rule in :meth:`_can_admit`), :meth:`put`, and the counters. Every wait has a timeout and
+    sees the stop event."""
+
+    def __init__(self, limiter: RateLimiter, max_policy_lag: int):
+        if max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
+        self.limiter = limiter
+        self.max_policy_lag = int(max_policy_lag)
+        self._cond = threading.Condition()
+        self._items: collections.deque[TrajectoryItem] = collections.deque()
+        self._seq = 0
+        self._admitted_items = 0
+        self._admitted_steps = 0
+        self.produced = 0
+        self.dropped_stale = 0
+
+    def _can_admit(self, num_steps: int) -> bool:
+        return self.limiter.can_insert(self._admitted_steps + num_steps)
+
+    def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
+        """Wait until a rollout of ``num_steps`` env steps may start (the limiter has room for it
+        next to the rollouts already admitted, and the subclass's rule holds), then reserve that
+        room; False on timeout or stop (nothing reserved). Pair every True with
+        ``put(..., admitted=True)``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not self._can_admit(num_steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._cond.wait(min(left, 0.1))
+            self._admitted_items += 1
+            self._admitted_steps += num_steps
+            return True
+
+    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
+        """Insert ``item`` once the limiter allows (counted as inserted by the limiter now);
+        False on timeout or stop (nothing inserted). ``admitted=True``: the room was reserved by
+        :meth:`admit`, and the insert never waits.
+
+        Raises:
+            RuntimeError: ``admitted=True`` without a matching :meth:`admit`.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if admitted:
+                if self._admitted_items < 1:
+                    raise RuntimeError("put(admitted=True) without a matching admit()")
+                self._admitted_items -= 1
+                self._admitted_steps = max(0, self._admitted_steps - item.num_steps)
+            while not admitted and not self.limiter.can_insert(item.num_steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._cond.wait(min(left, 0.1))
+            item.seq = self._seq
+            self._seq += 1
+            self._items.append(item)
+            self.produced += item.num_steps
+            self.limiter.record_insert(item.num_steps)
+            self._cond.notify_all()
+            return True
+
+    def wake(self) -> None:
+        """Wake every waiter (used at shutdown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def resident(self) -> int:
+        """Env steps held now."""
+        with self._cond:
+            return sum(it.num_steps for it in self._items)
+
+    def depth(self) -> int:
+        """Items held now."""
+        with self._cond:
+            return len(self._items)
+
+
+class TrajectoryQueue(_Inbox):
     """Consume-once FIFO of trajectories, version-stamped, lag-gated, rate-limited.
 
     ``get`` checks *every* resident item against ``max_policy_lag`` (stragglers insert out of
@@ -55,62 +140,13 @@ class TrajectoryQueue:
     """
 
     def __init__(self, limiter: RateLimiter, max_policy_lag: int):
-        if max_policy_lag < 0:
-            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
-        self.limiter = limiter
-        self.max_policy_lag = int(max_policy_lag)
-        self._cond = threading.Condition()
-        self._items: collections.deque[TrajectoryItem] = collections.deque()
-        self._seq = 0
-        self.produced = 0
+        super().__init__(limiter, max_policy_lag)
         self.consumed = 0
-        self.dropped_stale = 0
-        self._admitted_items = 0
-        self._admitted_steps = 0
         self._learning = False
 
-    # -- actor side ---------------------------------------------------------------------------------
     def _can_admit(self, num_steps: int) -> bool:
         ahead = len(self._items) + self._admitted_items + int(self._learning)
-        return ahead <= self.max_policy_lag and self.limiter.can_insert(self._admitted_steps + num_steps)
-
-    def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
-        """Wait until a rollout of ``num_steps`` env steps started now would be consumed within
-        ``K`` and fit the limiter, then reserve its room; False on timeout or stop (nothing
-        reserved). Pair every True with ``put(..., admitted=True)``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._can_admit(num_steps):
-                left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set():
-                    return False
-                self._cond.wait(min(left, 0.1))
-            self._admitted_items += 1
-            self._admitted_steps += num_steps
-            return True
-
-    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
-        """Insert ``item`` once the limiter allows; False on timeout or stop (nothing inserted).
-        ``admitted=True``: the room was reserved by :meth:`admit`; the insert never waits."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            if admitted:
-                if self._admitted_items < 1:
-                    raise RuntimeError("put(admitted=True) without a matching admit()")
-                self._admitted_items -= 1
-                self._admitted_steps = max(0, self._admitted_steps - item.num_steps)
-            while not admitted and not self.limiter.can_insert(item.num_steps):
-                left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set():
-                    return False
-                self._cond.wait(min(left, 0.1))
-            item.seq = self._seq
-            self._seq += 1
-            self._items.append(item)
-            self.produced += item.num_steps
-            self.limiter.record_insert(item.num_steps)
-            self._cond.notify_all()
-            return True
+        return ahead <= self.max_policy_lag and super()._can_admit(num_steps)
 
     # -- learner side -------------------------------------------------------------------------------
     def _drop_stale(self, learner_version: int) -> None:
@@ -150,24 +186,8 @@ class TrajectoryQueue:
                     return None
                 self._cond.wait(min(left, 0.1))
 
-    def wake(self) -> None:
-        """Wake every waiter (used at shutdown)."""
-        with self._cond:
-            self._cond.notify_all()
 
-    @property
-    def resident(self) -> int:
-        """Env steps held now."""
-        with self._cond:
-            return sum(it.num_steps for it in self._items)
-
-    def depth(self) -> int:
-        """Trajectories held now."""
-        with self._cond:
-            return len(self._items)
-
-
-class ReplayIngress:
+class ReplayIngress(_Inbox):
     """The off-policy path into a learner-owned replay buffer: inbox, lag gate at insert, rate limiter.
 
     Actors :meth:`admit` (the limiter has room) and :meth:`put` chunks of transitions (device
@@ -188,56 +208,8 @@ class ReplayIngress:
     """
 
     def __init__(self, limiter: RateLimiter, max_policy_lag: int):
-        if max_policy_lag < 0:
-            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
-        self.limiter = limiter
-        self.max_policy_lag = int(max_policy_lag)
-        self._cond = threading.Condition()
-        self._items: collections.deque[TrajectoryItem] = collections.deque()
-        self._seq = 0
-        self._admitted_steps = 0
-        self._admitted_items = 0
-        self.produced = 0
+        super().__init__(limiter, max_policy_lag)
         self.inserted = 0
-        self.dropped_stale = 0
-
-    def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
-        """Wait until the limiter has room for ``num_steps`` more env steps (counting admitted ones),
-        then reserve it; False on timeout or stop. Pair every True with ``put(..., admitted=True)``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self.limiter.can_insert(self._admitted_steps + num_steps):
-                left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set():
-                    return False
-                self._cond.wait(min(left, 0.1))
-            self._admitted_steps += num_steps
-            self._admitted_items += 1
-            return True
-
-    def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
-        """Hand a chunk to the learner; counted as inserted by the limiter now (so the actor side
-        is throttled), before the gate. ``admitted=True``: room reserved by :meth:`admit`.
-        False on timeout or stop (nothing inserted)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            if admitted:
-                if self._admitted_items < 1:
-                    raise RuntimeError("put(admitted=True) without a matching admit()")
-                self._admitted_items -= 1
-                self._admitted_steps = max(0, self._admitted_steps - item.num_steps)
-            while not admitted and not self.limiter.can_insert(item.num_steps):
-                left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set():
-                    return False
-                self._cond.wait(min(left, 0.1))
-            item.seq = self._seq
-            self._seq += 1
-            self._items.append(item)
-            self.produced += item.num_steps
-            self.limiter.record_insert(item.num_steps)
-            self._cond.notify_all()
-            return True
 
     def take(self, learner_version: int, sample_items: int, timeout_s: float, stop: threading.Event
              ) -> tuple[list[TrajectoryItem], bool]:
@@ -269,19 +241,3 @@ class ReplayIngress:
                 if left <= 0 or stop.is_set():
                     return [], False
                 self._cond.wait(min(left, 0.1))
-
-    def wake(self) -> None:
-        """Wake every waiter (used at shutdown)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def resident(self) -> int:
-        """Env steps waiting in the inbox."""
-        with self._cond:
-            return sum(it.num_steps for it in self._items)
-
-    def depth(self) -> int:
-        """Chunks waiting in the inbox."""
-        with self._cond:
-            return len(self._items)
