@@ -39,8 +39,9 @@ def test_sigint_stops_training_cleanly(tmp_path, runtime):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
-    # our own message is the last line and no traceback runs through tianji_jax (orbax may log one from
-    # its save thread when the signal lands while it finalises a checkpoint; the write stays atomic)
-    assert err.strip().splitlines()[-1].startswith("tianji train: interrupted"), err[-3000:]
-    assert "tianji_jax/" not in err.split("tianji train: interrupted")[0], err[-3000:]
+    # our one-line message, and no traceback runs through tianji_jax. (orbax may log one from its own
+    # save threads when the signal lands while it finalises a checkpoint, before or after our line;
+    # its commit stays atomic and a resume skips an unfinished checkpoint)
+    assert "tianji train: interrupted" in err, err[-3000:]
+    assert "tianji_jax/" not in err, err[-3000:]
     assert len(metrics.read_text().splitlines()) >= 3
