@@ -59,40 +59,22 @@ def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episo
         with _LOCK:
             if cache_key in _CACHE:
                 return _CACHE[cache_key]
-    env = GymnaxVecEnv(spec, num_episodes)
-    max_steps = spec.max_episode_steps
     if continuous:
         low = jnp.asarray(spec.action_space.low, jnp.float32)
         high = jnp.asarray(spec.action_space.high, jnp.float32)
 
+    def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array) -> jax.Array:
+        params, obs_rms = params_and_rms
+        obs_in = obs_rms.normalize(obs) if normalize_observations else obs
+        actor_out, _ = apply_fn(params, obs_in)
+        action = distributions.mode(actor_out, continuous)
+        return jnp.clip(action, low, high) if continuous else action
+
+    episodes = make_policy_evaluate(spec, act, num_episodes)  # the same episode loop as DQN's
+
     @jax.jit
     def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
-        key, k_reset = jax.random.split(key)
-        env_state, obs = env.reset(k_reset)
-        zeros_f = jnp.zeros((num_episodes,), jnp.float32)
-        zeros_i = jnp.zeros((num_episodes,), jnp.int32)
-        finished = jnp.zeros((num_episodes,), bool)
-
-        def cond(carry):
-            _, _, _, finished, _, _, t = carry
-            return (~jnp.all(finished)) & (t <= max_steps)
-
-        def body(carry):
-            env_state, obs, key, finished, returns, lengths, t = carry
-            key, k_step = jax.random.split(key)
-            obs_in = obs_rms.normalize(obs) if normalize_observations else obs
-            actor_out, _ = apply_fn(params, obs_in)
-            action = distributions.mode(actor_out, continuous)
-            if continuous:
-                action = jnp.clip(action, low, high)
-            env_state, ts = env.step(k_step, env_state, action)
-            returns = jnp.where(finished, returns, returns + ts.reward)
-            lengths = jnp.where(finished, lengths, lengths + 1)
-            return env_state, ts.obs, key, finished | ts.done, returns, lengths, t + 1
-
-        carry = (env_state, obs, key, finished, zeros_f, zeros_i, jnp.zeros((), jnp.int32))
-        _, _, _, _, returns, lengths, _ = jax.lax.while_loop(cond, body, carry)
-        return returns, lengths
+        return episodes((params, obs_rms), key)
 
     if cache_key is not None:
         with _LOCK:
