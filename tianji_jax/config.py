@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import tyro
 
@@ -116,8 +116,24 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
                              f"allowed: False (gymnax envs support it)")
 
 
+class _AgentConfig:
+    """What PPOConfig and DQNConfig share besides validation: ``replace`` and ``to_dict``."""
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict of the fields (an env object is written as its class name)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(out["env"], str):
+            out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
+        out["hidden_sizes"] = list(out["hidden_sizes"])
+        return out
+
+
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(_AgentConfig):
     """Configuration of a PPO run (Schulman et al. 2017, "Proximal Policy Optimization Algorithms").
 
     Defaults follow the tuned CartPole settings of CleanRL/PureJaxRL (``ppo.py``), with 8 envs.
@@ -357,18 +373,6 @@ class PPOConfig:
         at most ``num_updates``."""
         return min(self.num_updates, max(1, self.eval_every_env_steps // self.global_batch_size))
 
-    def replace(self, **changes: Any) -> "PPOConfig":
-        """A copy with ``changes`` applied, validated again."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict of the fields (an env object is written as its class name)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if not isinstance(out["env"], str):
-            out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
-        out["hidden_sizes"] = list(out["hidden_sizes"])
-        return out
-
     def describe(self) -> str:
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""
         spec = self.env_spec
@@ -400,7 +404,7 @@ _DQN_RUNTIMES = ("anakin", "async")
 
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(_AgentConfig):
     """Configuration of a DQN-family run on Discrete actions.
 
     The family: DQN (Mnih et al. 2015, "Human-level control through deep reinforcement
@@ -666,18 +670,6 @@ class DQNConfig:
         item = {"obs": obs, "next_obs": obs, "action": jax.ShapeDtypeStruct((), np.int32),
                 "reward": jax.ShapeDtypeStruct((), np.float32), "discount": jax.ShapeDtypeStruct((), np.float32)}
         return replay.replay_bytes(item, self.buffer_capacity)
-
-    def replace(self, **changes: Any) -> "DQNConfig":
-        """A copy with ``changes`` applied, validated again."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict of the fields (an env object is written as its class name)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if not isinstance(out["env"], str):
-            out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
-        out["hidden_sizes"] = list(out["hidden_sizes"])
-        return out
 
     def describe(self) -> str:
         """One paragraph saying what will run: env, iterations, replay ratio, buffer, target updates."""
