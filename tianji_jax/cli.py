@@ -51,6 +51,9 @@ class TrainArgs:
     """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
     wandb: bool = False
     """Also log to Weights & Biases (needs the optional wandb package)."""
+    profile: bool = False
+    """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
+    checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class DQNTrainArgs:
     """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
     wandb: bool = False
     """Also log to Weights & Biases (needs the optional wandb package)."""
+    profile: bool = False
+    """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
+    checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
 
 
 def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
@@ -166,6 +172,10 @@ def _train(argv: list[str]) -> int:
         print(f"tianji train: error: --run-dir {args.run_dir} and --resume {args.resume} differ; a resumed run "
               "continues in its own directory", file=sys.stderr)
         return 2
+    if args.profile and args.run_dir is None and args.resume is None:
+        print("tianji train: error: --profile needs --run-dir (the trace and timers.json go to RUN_DIR/profile/)",
+              file=sys.stderr)
+        return 2
     run_dir = args.resume or args.run_dir or _default_run_dir(args)
     extras: dict = {}  # only what differs from train()'s defaults
     if args.resume is not None:
@@ -176,6 +186,8 @@ def _train(argv: list[str]) -> int:
         extras["tensorboard"] = False
     if args.wandb:
         extras["wandb"] = True
+    if args.profile:
+        extras["profile"] = True
     print(config.describe(), flush=True)
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     try:
@@ -193,6 +205,9 @@ def _train(argv: list[str]) -> int:
           f"episode_return_mean {last.get('episode_return_mean', float('nan')):.1f}, "
           f"eval_return_mean {last.get('eval_return_mean', float('nan')):.1f}"
           + (" (stopped at --stop-at-return)" if result.stopped_early else ""), flush=True)
+    if args.profile:
+        print(f"profile: {Path(run_dir) / 'profile'} (timers.json: seconds per phase; plugins/profile/: the "
+              "jax.profiler trace for TensorBoard/XProf or Perfetto)", flush=True)
     return 0
 
 

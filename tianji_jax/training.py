@@ -16,6 +16,7 @@ import numpy as np
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult, make_evaluate
 from tianji_jax.logging import CSVLogger, MetricsSink, ProgressDisplay, TensorBoardLogger
+from tianji_jax.profiling import phase, timed
 from tianji_jax.provenance import provenance
 from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, make_train
 
@@ -140,6 +141,7 @@ def train(
     tensorboard: bool = True,
     wandb: bool = False,
     check_versions: bool = True,
+    profile: bool = False,
 ) -> TrainResult:
     """Train PPO in Anakin mode on a gymnax env, looping over compiled chunks on the host.
 
@@ -177,6 +179,11 @@ def train(
             ``run_dir/tensorboard`` (tensorboardX).
         wandb: also log to Weights & Biases (needs the optional ``wandb`` package and a ``run_dir``).
         check_versions: on resume, require the run's jax/jaxlib/flax/optax/gymnax versions.
+        profile: write a ``jax.profiler`` trace of the call and ``timers.json`` (seconds per host-loop
+            phase: compiled chunks, evaluation, checkpoints, logging, compilation; the async
+            runtime's per-phase columns summed) to ``run_dir/profile/``
+            (:mod:`tianji_jax.profiling`); needs ``run_dir``. Off by default: tracing costs time
+            and disk.
 
     Returns:
         A :class:`TrainResult` (on resume its ``curve`` holds the restored rows too).
@@ -185,8 +192,8 @@ def train(
         TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
         FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
             is never overwritten).
-        ValueError: ``resume`` without ``run_dir``; the run's checkpoint was written by the async
-            runtime, or (DQN) without its replay buffer.
+        ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
+            by the async runtime, or (DQN) without its replay buffer.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).
@@ -205,11 +212,22 @@ def train(
         raise TypeError(f"checkpoint must be a CheckpointConfig, got {type(checkpoint).__name__}")
     if wandb and run_dir is None:
         raise ValueError("wandb=True needs run_dir")
+    if profile and run_dir is None:
+        raise ValueError("profile=True needs run_dir (the trace and timers.json go to run_dir/profile/)")
+    if profile and not resume and (Path(run_dir) / "metrics.csv").exists():  # before the trace touches it
+        raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new "
+                              "directory or resume it")
     opts = dict(run_dir=run_dir, progress=progress, callback=callback, resume=resume, checkpoint=checkpoint,
                 tensorboard=tensorboard, wandb=wandb, check_versions=check_versions)
-    if isinstance(config, DQNConfig):
-        return _train_dqn(config, **opts)
-    return _train_ppo(config, **opts)
+    run = _train_dqn if isinstance(config, DQNConfig) else _train_ppo
+    if not profile:
+        return run(config, **opts)
+    from tianji_jax.profiling import profile_run
+
+    with profile_run(run_dir) as timers:
+        result = run(config, **opts)
+        timers.curve = result.curve
+    return result
 
 
 class _RunFiles:
@@ -305,7 +323,8 @@ class _RunFiles:
         """Keep ``row`` and write it to the sink."""
         self.rows.append(row)
         if self.sink is not None:
-            self.sink.write(row)
+            with phase("log"):
+                self.sink.write(row)
 
     def maybe_save(self, state: Any, env_steps: int, extra: dict, *, finished: bool) -> None:
         """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``."""
@@ -322,15 +341,17 @@ class _RunFiles:
                 "checkpoint": self.ckpt_cfg.to_dict(), **extra}
         exclude = (".replay",) if self.algo == "dqn" and not include_replay else ()
         last = self.rows[-1] if self.rows else {}
-        self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
-                        exclude_prefixes=exclude)
+        with phase("checkpoint"):
+            self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
+                            exclude_prefixes=exclude)
         self.last_saved = env_steps
 
     def close(self) -> None:
         """Finish pending checkpoint writes, close the loggers."""
         try:
             if self.ckptr is not None:
-                self.ckptr.close()
+                with phase("checkpoint"):  # waits for pending asynchronous writes
+                    self.ckptr.close()
         finally:
             if self.sink is not None:
                 self.sink.close()
@@ -354,7 +375,7 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
     remainder = num_updates % chunk_u
     tail_trainer = make_train(config, remainder) if remainder and config.runtime == "anakin" else None
-    evaluator = _evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None
+    evaluator = timed("eval", _evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
     derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
                "num_updates": num_updates, "env_steps": config.env_steps,
                "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
@@ -393,8 +414,9 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
             while updates_done < num_updates:
                 fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
                 t0 = time.perf_counter()
-                state, metrics = fn(state)
-                m = host_metrics(metrics)
+                with phase("chunk"):
+                    state, metrics = fn(state)
+                    m = host_metrics(metrics)
                 n_upd = int(m["episode_count"].shape[0])
                 updates_done += n_upd
                 row = _base_row(config, m, updates_done, n_upd * config.batch_size / (time.perf_counter() - t0))
@@ -520,7 +542,7 @@ def _save_params(path: Path, params: Any) -> None:
     options = _single_process_options(ocp)
     if options:  # multi-host: orbax refuses process-local jax.Arrays; save host copies
         params = jax.device_get(params)
-    with ocp.StandardCheckpointer(**options) as ckptr:
+    with phase("final_params"), ocp.StandardCheckpointer(**options) as ckptr:
         ckptr.save(path, params, force=True)
         ckptr.wait_until_finished()
 
@@ -687,7 +709,7 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
     trainer = make_dqn_train(config)
     remainder = n_iter % chunk_u
     tail_trainer = make_dqn_train(config, remainder) if remainder else None
-    evaluator = _dqn_evaluator(config, config.eval_episodes) if config.eval_episodes else None
+    evaluator = timed("eval", _dqn_evaluator(config, config.eval_episodes) if config.eval_episodes else None)
     derived = {"iteration_env_steps": config.iteration_env_steps,
                "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
                "env_steps": config.env_steps, "iterations_per_chunk": chunk_u,
@@ -721,8 +743,9 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
         while done < n_iter:
             fn = trainer if n_iter - done >= chunk_u else tail_trainer
             t0 = time.perf_counter()
-            state, metrics = fn(state)  # donates the previous state
-            m = host_metrics(metrics)
+            with phase("chunk"):
+                state, metrics = fn(state)  # donates the previous state
+                m = host_metrics(metrics)
             k = int(m["env_steps"].shape[0])
             done += k
             row = _dqn_row(config, m, k * config.iteration_env_steps / (time.perf_counter() - t0))
