@@ -1,4 +1,4 @@
-"""Learning-curve figures from run directories' ``metrics.csv`` (matplotlib, Agg backend).
+"""Learning-curve figures from run directories' ``metrics.csv`` (matplotlib's Figure API, no pyplot).
 
 :func:`plot_runs` draws, one line per run, the return against env steps and against wall time,
 plus (when any run used the async runtime) a histogram of the policy lag of its chunks.
@@ -80,19 +80,17 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
         labels: legend label per run; default the directory names.
 
     Returns:
-        The matplotlib ``Figure`` (its axes carry the titles above).
+        The matplotlib ``Figure`` (its axes carry the titles above). It is not registered with
+        pyplot: in a notebook, display it as a cell's value or with ``IPython.display.display``.
 
     Raises:
         ValueError: no run directory, or ``labels`` of the wrong length.
         FileNotFoundError: a directory without ``metrics.csv``.
     """
-    try:
-        import matplotlib
+    try:  # the Figure API: no pyplot state, and the caller's backend (e.g. a notebook's inline one) is left alone
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("plotting needs matplotlib, an optional dependency: pip install matplotlib") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     run_dirs = [Path(d) for d in run_dirs]
     if not run_dirs:
@@ -103,7 +101,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
     runs = [read_metrics(d) for d in run_dirs]
     async_runs = [(lab, m) for d, lab, m in zip(run_dirs, labels, runs) if _is_async(d, m)]
     n_panels = 3 if async_runs else 2
-    fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4.2), constrained_layout=True)
+    fig = Figure(figsize=(5.5 * n_panels, 4.2), layout="constrained")
+    axes = fig.subplots(1, n_panels)
     ax_steps, ax_time = axes[0], axes[1]
     ylabels = set()
     for lab, m in zip(labels, runs):
