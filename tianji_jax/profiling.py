@@ -32,6 +32,9 @@ Files (all times in seconds of wall clock, ``time.perf_counter``):
   these seconds are summed over actor threads and run concurrently with the host loop and with each
   other, so they are not part of ``wall_s``'s split either; the wait fractions are means over rows.
 
+A resumed run (``resume=True`` / ``--resume``) with profiling adds a new trace directory and
+replaces ``timers.json`` with the timers of the resumed part.
+
 The trace and the timers cost nothing when profiling is off: phases are recorded only in a
 context started by :func:`profile_run`, and the code paths of a normal run check one context
 variable per phase.
