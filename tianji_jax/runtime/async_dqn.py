@@ -51,6 +51,7 @@ class ReplayRunner(AsyncRunner):
         min_size: env steps inserted before the first block (``learning_starts``).
         max_policy_lag: ``K`` of the gate at insert.
         stall_timeout_s: no chunk and no block this long stops the run with :class:`StallError`.
+        initial_version: version of ``initial_params`` (the restored learner's on resume).
 
     Raises:
         ValueError: no actors, or a bad lag/timeout, before any thread starts.
@@ -58,10 +59,10 @@ class ReplayRunner(AsyncRunner):
 
     def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem]], None], learn: Callable,
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
-                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0):
+                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0):
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
                          item_steps=chunk_steps, schedule="relaxed", max_policy_lag=max_policy_lag,
-                         queue_batches=2, stall_timeout_s=stall_timeout_s)
+                         queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version)
         # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
         # deadlock rule needs on each side, so neither side can block forever.
         tol = block_samples + spi * chunk_steps
@@ -103,9 +104,19 @@ class AsyncDQN:
     Args:
         config: a :class:`DQNConfig` with ``runtime='async'``.
         snapshot_every: after every this many learner blocks (and the last), the learner thread
-            stores device copies of ``(learner_state, replay_state)`` in ``snapshot``; the replay
+            stores device copies of ``(learner_state, replay_state)`` in ``snapshot`` and the
+            matching actor half and counters in ``snapshot_cut`` (see :meth:`cut`); the replay
             state itself is donated to the next insert/learn call, so other threads (checkpoints)
             must read the snapshot, never ``replay_state``.
+        restore: continue a run from a checkpoint cut: a dict with ``"learner"``
+            (:class:`~tianji_jax.runtime.dqn_parts.DQNLearnerState`), ``"replay"`` (the replay
+            state, contents and priorities), ``"actors"`` (one
+            :class:`~tianji_jax.runtime.dqn_parts.DQNActorState` per actor) and ``"counters"``
+            (:meth:`cut`'s); the rate limiter continues from the cut's inserts and samples, and
+            epsilon from the env steps produced (``taken + dropped_stale``).
+
+    Raises:
+        ValueError: ``restore`` with a number of actor states other than ``num_actors``.
 
     Attributes:
         runner: the :class:`ReplayRunner`.
@@ -116,11 +127,12 @@ class AsyncDQN:
         timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
     """
 
-    def __init__(self, config: DQNConfig, snapshot_every: int | None = None):
+    def __init__(self, config: DQNConfig, snapshot_every: int | None = None, restore: dict | None = None):
         from tianji_jax.runtime.dqn_anakin import dqn_compile_key
 
         self.snapshot_every = snapshot_every
         self.snapshot: tuple[Any, Any] | None = None
+        self.snapshot_cut: dict | None = None
 
         self.config = config
         self.actor_device, learners = placement()
@@ -135,10 +147,20 @@ class AsyncDQN:
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
-        self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self.learner_device)
-        self.replay_state = jax.device_put(self.parts.init_replay(), self.learner_device)
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
-        self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in keys]
+        if restore is None:
+            learner, replay, actors = self.parts.init_learner(k_learner), self.parts.init_replay(), None
+        else:
+            learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
+            if actors is None or len(actors) != config.num_actors:
+                raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
+                                 f"{None if actors is None else len(actors)}")
+        self.learner_state = jax.device_put(learner, self.learner_device)
+        self.replay_state = jax.device_put(replay, self.learner_device)
+        if actors is None:
+            actors = [self.parts.init_actor(k) for k in keys]
+        self._actor_states = [jax.device_put(a, self.actor_device) for a in actors]
+        self.consumed_actor_states: list = list(self._actor_states)  # after each actor's newest chunk taken
         self.epsilon = float(config.epsilon_start)
         self._zero_stats()
         c = config.iteration_env_steps
@@ -147,7 +169,23 @@ class AsyncDQN:
             learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
             chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
-            max_policy_lag=config.max_policy_lag, stall_timeout_s=config.stall_timeout_s)
+            max_policy_lag=config.max_policy_lag, stall_timeout_s=config.stall_timeout_s,
+            initial_version=int(self.learner_state.version))
+        if restore is not None:
+            self.runner.buffer.restore_counters(restore["counters"])
+            self.epsilon = float(restore["counters"]["epsilon"])
+
+    def cut(self) -> dict:
+        """The actor half and the counters of a checkpoint cut, taken in the learner thread right
+        after a learner block (with ``snapshot``): ``{"actors": per actor, its state right after its
+        newest chunk the learner inserted into replay (a chunk the gate dropped is rolled out again
+        on resume), "counters": the ingress's
+        :meth:`~tianji_jax.buffers.ReplayIngress.cut_counters` plus "epsilon" (of the newest
+        chunk inserted)}``. Chunks produced after the cut (in the inbox or being rolled out,
+        ``counters["in_flight"]`` env steps) are not part of it: a resume discards them and
+        the actors act again from the cut."""
+        return {"actors": list(self.consumed_actor_states),
+                "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
@@ -177,13 +215,13 @@ class AsyncDQN:
             t0 = time.perf_counter()
             data = jax.block_until_ready(jax.device_put((items, item_version, mask, stats), self.learner_device))
             self._time("h2d_s", t0)
-            return data, self.config.iteration_env_steps
+            return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
 
     def _insert_chunks(self, chunks: list[TrajectoryItem]) -> None:
         t0 = time.perf_counter()
         for chunk in chunks:
-            items, item_version, mask, stats = chunk.data
+            (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
             self.replay_state = self._insert(self.replay_state, items, item_version, mask)
             host = jax.device_get(stats)
             self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
@@ -203,6 +241,7 @@ class AsyncDQN:
         blocks = version + 1
         if self.snapshot_every and (blocks % self.snapshot_every == 0 or blocks == self.config.learning_iterations):
             self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
+            self.snapshot_cut = self.cut()
         metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
                    "replay_size": int(self.replay_state.size)}
         self._zero_stats()
