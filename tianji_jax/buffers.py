@@ -257,12 +257,13 @@ class ReplayIngress(_Inbox):
     def _set_taken(self, steps: int) -> None:
         self.inserted = steps
 
-    def take(self, learner_version: int, sample_items: int, timeout_s: float, stop: threading.Event
+    def take(self, learner_version: int, sample_items: int | None, timeout_s: float, stop: threading.Event
              ) -> tuple[list[TrajectoryItem], bool]:
         """Learner side: every waiting chunk with lag ``<= K`` (staler ones are dropped and leave the
         limiter's insert count), and whether a block of ``sample_items`` samples may run now (if
         True it is recorded as sampled). Waits up to ``timeout_s`` for either; ``([], False)`` on
-        timeout or stop."""
+        timeout or stop. ``sample_items=None``: wait for chunks only (the ``sync`` schedule
+        decides its blocks itself and records them with :meth:`record_sample`)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -276,7 +277,7 @@ class ReplayIngress(_Inbox):
                         self.inserted += it.num_steps
                 had = bool(self._items)
                 self._items.clear()
-                can = self.limiter.can_sample(sample_items)
+                can = sample_items is not None and self.limiter.can_sample(sample_items)
                 if can:
                     self.limiter.record_sample(sample_items)
                 if had or can:
@@ -287,3 +288,10 @@ class ReplayIngress(_Inbox):
                 if left <= 0 or stop.is_set():
                     return [], False
                 self._cond.wait(min(left, 0.1))
+
+    def record_sample(self, sample_items: int) -> None:
+        """Count ``sample_items`` samples with the limiter (a block the learner ran without asking
+        :meth:`take`: the ``sync`` schedule)."""
+        with self._cond:
+            self.limiter.record_sample(sample_items)
+            self._cond.notify_all()

@@ -158,8 +158,22 @@ def train(
     chunk) and after the last one, asynchronously. ``resume=True`` continues the run in ``run_dir``
     from its latest complete checkpoint: ``metrics.csv`` is rewritten with the checkpoint's rows and
     appended to, and an Anakin run on gymnax then gives bit-for-bit the params, counters and
-    metrics (all but the timing columns) of an uninterrupted run. The async runtime's checkpoints
-    serve :func:`load` and ``tianji eval`` but cannot be resumed yet (ValueError).
+    metrics (all but the timing columns) of an uninterrupted run.
+
+    Async runs checkpoint a consistent cut taken in the learner thread right after a publication:
+    the learner state of version ``v`` (params, optimizer state, key, version), each gymnax
+    actor's state right after its newest rollout the learner consumed (envs, observations, key,
+    observation / reward statistics, episode accumulators; DQN: the n-step window), the replay
+    buffer (DQN, with ``checkpoint_replay``), and in ``meta["async_counters"]`` the buffer's and
+    rate limiter's counters and DQN's epsilon. Under schedule ``sync`` (PPO and DQN, gymnax) a
+    resume is bit-for-bit the uninterrupted run (all but the timing and rate columns). Under
+    ``one_step`` / ``relaxed``, rollouts produced after the cut (waiting in the queue or in
+    progress; ``async_counters["in_flight"]`` env steps, reported on stderr at resume) are
+    discarded and acted again from the cut with the newest params, so the resumed run continues
+    correctly but not bit-identically. Host (envpool/gymnasium) actors cannot save their C++ env
+    state: on resume they re-seed their envs from the run seed and the resume step
+    (:func:`~tianji_jax.runtime.async_ppo.resume_seed`) and reset, losing the episodes in
+    progress. Multi-host async runs (``num_processes > 1``) cannot be resumed yet.
 
     Args:
         config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction); with
@@ -185,8 +199,9 @@ def train(
         TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
         FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
             is never overwritten).
-        ValueError: ``resume`` without ``run_dir``; the run's checkpoint was written by the async
-            runtime, or (DQN) without its replay buffer.
+        ValueError: ``resume`` without ``run_dir``; the run's checkpoint was written by a
+            multi-host async run (or an older tianji_jax without async resume), or (DQN) without
+            its replay buffer.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).

@@ -35,9 +35,15 @@ _LOCK = threading.Lock()
 class ReplayRunner(AsyncRunner):
     """:class:`AsyncRunner` whose learner drains a :class:`ReplayIngress` instead of a FIFO.
 
-    Actors run the ``relaxed`` loop (admission by the limiter, newest params). The learner loop
-    takes every waiting chunk (the gate at insert drops stale ones), calls ``insert(chunks)``, and
-    when the limiter allows a block calls ``learn(None, version)`` and publishes version + 1.
+    ``relaxed`` (default): actors run the relaxed loop (admission by the limiter, newest params).
+    The learner loop takes every waiting chunk (the gate at insert drops stale ones), calls
+    ``insert(chunks)``, and when the limiter allows a block calls ``learn(None, version)`` and
+    publishes version + 1.
+
+    ``sync`` (one actor): the Anakin iteration order. The actor acts chunk k once the learner has
+    processed chunk k-1, with the params published then; the learner inserts each chunk and runs
+    one block right after it once more than ``min_size`` env steps are inserted (the blocks'
+    samples are recorded with the limiter, which then only reports). Lag 0, deterministic.
 
     Args:
         actors: one ``act(params, version) -> (data, num_steps)`` per actor thread.
@@ -52,17 +58,25 @@ class ReplayRunner(AsyncRunner):
         max_policy_lag: ``K`` of the gate at insert.
         stall_timeout_s: no chunk and no block this long stops the run with :class:`StallError`.
         initial_version: version of ``initial_params`` (the restored learner's on resume).
+        schedule: ``"relaxed"`` or ``"sync"`` (``max_policy_lag`` must then be 0).
 
     Raises:
-        ValueError: no actors, or a bad lag/timeout, before any thread starts.
+        ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
+            thread starts.
     """
 
     def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem]], None], learn: Callable,
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
-                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0):
+                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
+                 schedule: str = "relaxed"):
+        if schedule not in ("sync", "relaxed"):
+            raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
-                         item_steps=chunk_steps, schedule="relaxed", max_policy_lag=max_policy_lag,
+                         item_steps=chunk_steps, schedule=schedule, max_policy_lag=max_policy_lag,
                          queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version)
+        self.min_size = int(min_size)
+        self._processed = 0  # sync: chunks the learner has inserted (and learned after), this process
+        self._processed_cond = threading.Condition()
         # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
         # deadlock rule needs on each side, so neither side can block forever.
         tol = block_samples + spi * chunk_steps
@@ -72,7 +86,63 @@ class ReplayRunner(AsyncRunner):
                                                 chunk_items=chunk_steps), max_policy_lag)
         self.insert, self.block_samples = insert, int(block_samples)
 
+    def _actor_loop(self, actor_id: int) -> None:
+        if self.schedule != "sync":
+            return super()._actor_loop(actor_id)
+        act = self.actors[actor_id]
+        r = 0
+        while not self.stop.is_set():
+            t0 = time.perf_counter()
+            with self._processed_cond:  # wait for the learner to finish with chunk r - 1
+                deadline = time.monotonic() + self.stall_timeout_s
+                while self._processed < r:
+                    if self.stop.is_set():
+                        return
+                    if time.monotonic() > deadline:
+                        raise StallError(f"actor {actor_id} waited {self.stall_timeout_s:g} s for the learner to "
+                                         f"process chunk {r - 1}; last published version {self.store.version}")
+                    self._processed_cond.wait(0.1)
+            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+            params, version = self.store.latest()
+            t0 = time.perf_counter()
+            data, steps = act(params, version)
+            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            self.actor_logs[actor_id].append(version)
+            if not self._insert(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)):
+                return
+            r += 1
+
+    def _sync_learner_loop(self) -> None:
+        version = self.store.version
+        last_fresh = time.monotonic()
+        while version < self.num_updates and not self.stop.is_set():
+            t0 = time.perf_counter()
+            chunks, _ = self.buffer.take(version, None, 0.5, self.stop)
+            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            if not chunks:
+                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
+                    raise StallError(f"learner received no transitions for {self.stall_timeout_s:g} s; "
+                                     f"last published version {version}")
+                continue
+            last_fresh = time.monotonic()
+            for chunk in chunks:
+                t0 = time.perf_counter()
+                self.insert([chunk])
+                if self.buffer.inserted > self.min_size:  # as Anakin: learn once past learning_starts
+                    self.buffer.record_sample(self.block_samples)
+                    params, metrics = self.learn(None, version)
+                    version += 1
+                    self.store.publish(params, version)
+                    self.events.put(("update", version, metrics, None, self.take_snapshot()))
+                self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+                with self._processed_cond:
+                    self._processed += 1
+                    self._processed_cond.notify_all()
+        self.events.put(("done", version, None, None, self.take_snapshot()))
+
     def _learner_loop(self) -> None:
+        if self.schedule == "sync":
+            return self._sync_learner_loop()
         version = self.store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
@@ -169,8 +239,9 @@ class AsyncDQN:
             learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
             chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
-            max_policy_lag=config.max_policy_lag, stall_timeout_s=config.stall_timeout_s,
-            initial_version=int(self.learner_state.version))
+            max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
+            stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
+            schedule=config.schedule)
         if restore is not None:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
