@@ -167,9 +167,10 @@ def train(
     buffer (DQN, with ``checkpoint_replay``), and in ``meta["async_counters"]`` the buffer's and
     rate limiter's counters and DQN's epsilon. Under schedule ``sync`` (PPO and DQN, gymnax) a
     resume is bit-for-bit the uninterrupted run (all but the timing and rate columns). Under
-    ``one_step`` / ``relaxed``, rollouts produced after the cut (waiting in the queue or in
-    progress; ``async_counters["in_flight"]`` env steps, reported on stderr at resume) are
-    discarded and acted again from the cut with the newest params, so the resumed run continues
+    ``one_step`` / ``relaxed``, rollouts produced after the cut are discarded and acted again
+    from the cut with the newest params (``async_counters["in_flight"]``, reported on stderr at
+    resume, counts the env steps of those already inserted into the queue; a rollout still being
+    acted or held back at the cut is discarded too, uncounted), so the resumed run continues
     correctly but not bit-identically. Host (envpool/gymnasium) actors cannot save their C++ env
     state: on resume they re-seed their envs from the run seed and the resume step
     (:func:`~tianji_jax.runtime.async_ppo.resume_seed`) and reset, losing the episodes in
@@ -651,8 +652,8 @@ def _async_restore(restored: Any) -> dict | None:
         restore["replay"] = state.replay
     host = state.actor is None
     print(f"resuming the async run at policy version {int(state.learner.version)} ({restored.step} env steps): "
-          f"{int(counters.get('in_flight', 0))} env steps produced after the checkpoint are discarded and acted "
-          "again" + ("; host envs are re-seeded and reset (their episodes in progress are lost)" if host else ""),
+          f"{int(counters.get('in_flight', 0))} env steps inserted after the checkpoint (and any rollout then in "
+          "progress) are discarded and acted again" + ("; host envs are re-seeded and reset (their episodes in progress are lost)" if host else ""),
           file=sys.stderr, flush=True)
     return restore
 

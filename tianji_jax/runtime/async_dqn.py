@@ -252,8 +252,8 @@ class AsyncDQN:
         newest chunk the learner inserted into replay (a chunk the gate dropped is rolled out again
         on resume), "counters": the ingress's
         :meth:`~tianji_jax.buffers.ReplayIngress.cut_counters` plus "epsilon" (of the newest
-        chunk inserted)}``. Chunks produced after the cut (in the inbox or being rolled out,
-        ``counters["in_flight"]`` env steps) are not part of it: a resume discards them and
+        chunk inserted)}``. Chunks produced after the cut (in the inbox:
+        ``counters["in_flight"]`` env steps; or being rolled out, uncounted) are not part of it: a resume discards them and
         the actors act again from the cut."""
         return {"actors": list(self.consumed_actor_states),
                 "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}

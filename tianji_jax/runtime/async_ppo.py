@@ -242,8 +242,9 @@ class AsyncPPO:
 
         The cut is "the learner at version v together with each actor as it was right after its
         newest consumed rollout": under ``sync`` that is exactly the state an uninterrupted run
-        continues from (rollout v uses params v). Rollouts produced after it (waiting in the queue
-        or in progress, ``counters["in_flight"]``) are not part of the cut: a resume discards them
+        continues from (rollout v uses params v). Rollouts produced after it (waiting in the queue:
+        ``counters["in_flight"]`` env steps; or in progress / held back by ``one_step``,
+        uncounted) are not part of the cut: a resume discards them
         and the actors roll out again from the cut, with the newest params (under ``one_step`` /
         ``relaxed`` the resumed run is therefore not bit-identical to an uninterrupted one)."""
         counters = {**self.runner.buffer.cut_counters(), "dropped_partial": self.env_steps_discarded}
