@@ -72,6 +72,10 @@ def test_async_dqn_config_fields_are_validated():
         tj.DQNConfig(**{**SMALL, "num_actors": 0})
     with pytest.raises(ValueError, match="stall_timeout_s"):
         tj.DQNConfig(**{**SMALL, "stall_timeout_s": 0.0})
+    with pytest.raises(ValueError, match="schedule"):
+        tj.DQNConfig(**{**SMALL, "schedule": "one_step"})
+    with pytest.raises(ValueError, match="num_actors must be 1 for schedule 'sync'"):
+        tj.DQNConfig(**{**SMALL, "schedule": "sync", "num_actors": 2})
     assert "async runtime" in tj.DQNConfig(**SMALL).describe()
 
 
@@ -85,3 +89,4 @@ def test_train_async_dqn_writes_rows_with_the_dqn_and_async_columns(tmp_path):
     assert np.all(c["dropped_stale"] >= 0) and np.isfinite(c["production_sps"]).all()
     assert int(result.state.learner.version) == config.learning_iterations
     assert (tmp_path / "final_params").is_dir()
+

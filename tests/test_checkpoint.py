@@ -1,7 +1,8 @@
 """Checkpoints and resume (issue 5): exact resume of Anakin PPO and DQN (params, optimizer state,
 counters, RNG keys, normalisation statistics, replay buffer, metrics rows), a process killed while
 saving, partial (temporary) checkpoint directories, retention of the latest + best, incompatible
-configs, directories that are not checkpoints or are corrupt, async-runtime checkpoints."""
+configs, directories that are not checkpoints or are corrupt; resume of async-runtime runs
+(``sync`` PPO bit for bit in a fresh process, DQN's replay/counters/epsilon, host envs)."""
 
 from __future__ import annotations
 
@@ -114,9 +115,15 @@ def test_resume_of_a_finished_run_returns_its_state(ppo_full):
     assert_curves_equal(ppo_full.curve, again.curve)
 
 
-def test_dqn_exact_resume_with_replay_and_epsilon(tmp_path):
+@pytest.fixture(scope="module")
+def dqn_full(tmp_path_factory):
+    """The uninterrupted Anakin DQN run (4 chunks)."""
+    return tj.train(tj.DQNConfig(**DQN), run_dir=tmp_path_factory.mktemp("dqn") / "full", progress=False)
+
+
+def test_dqn_exact_resume_with_replay_and_epsilon(tmp_path, dqn_full):
     config = tj.DQNConfig(**DQN)
-    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+    full = dqn_full
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupt):
         tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
@@ -290,15 +297,141 @@ def test_checkpoint_config_validation(changes, field):
 
 
 # ---- async runtime ---------------------------------------------------------------------------------
-def test_async_run_checkpoints_load_but_do_not_resume(tmp_path):
-    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "sync", "total_env_steps": 4 * 32 * 4})
-    result = tj.train(config, run_dir=tmp_path / "run", progress=False)
-    loaded = tj.load(tmp_path / "run")
-    assert loaded.meta["resumable"] is False and loaded.step == config.env_steps
-    assert_trees_equal(loaded.state.learner, result.state.learner)
-    assert math.isfinite(tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=0).mean)
-    with pytest.raises(ValueError, match="async runtime"):
-        tj.train(config, run_dir=tmp_path / "run", progress=False, resume=True)
+# columns that depend on wall-clock timing or thread interleaving (rates, waits, per-phase seconds)
+ASYNC_TIMING = TIMING + ("production_sps", "consumed_sps", "actor_wait_frac", "learner_wait_frac", "queue_depth",
+                         "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s")
+
+_RESUME_SCRIPT = textwrap.dedent("""
+    import sys
+    import tianji_jax as tj
+    tj.train(run_dir=sys.argv[1], progress=False, resume=True)  # config read from the run directory
+""")
+
+
+def resume_in_fresh_process(tmp_path, run_dir, script=_RESUME_SCRIPT):
+    path = tmp_path / "resume.py"
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path), str(run_dir)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_async_sync_ppo_exact_resume_in_a_fresh_process(tmp_path):
+    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "sync"})
+    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    cut = tj.load(run_dir)
+    assert cut.meta["resumable"] is True and cut.step == 2 * CHUNK_STEPS
+    assert int(cut.state.learner.version) == 4 and cut.meta["async_counters"]["taken"] == 2 * CHUNK_STEPS
+    proc = resume_in_fresh_process(tmp_path, run_dir)
+    assert "resuming the async run at policy version 4" in proc.stderr
+    a, b = tj.load(tmp_path / "full"), tj.load(run_dir)
+    assert b.step == config.env_steps and int(b.state.learner.version) == config.num_updates
+    # learner params, optimizer state, learner key, version; actor env states, observations, key,
+    # observation / reward statistics: bit for bit
+    assert_trees_equal(a.state, b.state)
+    assert_trees_equal(full.state, b.state)
+    assert a.meta["async_counters"] == b.meta["async_counters"]  # env steps consumed, samples, drops
+    rows_a, rows_b = read_csv(tmp_path / "full" / "metrics.csv"), read_csv(run_dir / "metrics.csv")
+    assert [int(r["env_steps"]) for r in rows_b] == [256, 512, 768, 1024]
+    for ra, rb in zip(rows_a, rows_b):  # losses, returns, evaluation, lag, limiter columns
+        assert {k: v for k, v in ra.items() if k not in ASYNC_TIMING} == \
+               {k: v for k, v in rb.items() if k not in ASYNC_TIMING}
+    assert math.isfinite(tj.evaluate(b.config, b.state, num_episodes=2, seed=0).mean)
+
+
+_DQN_RESUME_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax, numpy as np
+    import tianji_jax as tj
+    from tianji_jax.runtime.async_dqn import AsyncDQN
+    from tianji_jax.training import _async_restore
+    run_dir = sys.argv[1]
+    cut = tj.load(run_dir)
+    dqn = AsyncDQN(cut.config, restore=_async_restore(cut))  # restore without running: check what it holds
+    for got, want in [(dqn.learner_state, cut.state.learner), (dqn.replay_state, cut.state.replay),
+                      (dqn._actor_states[0], cut.state.actor)]:
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert np.array_equal(np.asarray(x), np.asarray(y)) and x.dtype == y.dtype
+    c, buf = cut.meta["async_counters"], dqn.runner.buffer
+    assert (buf.inserted, buf.produced, buf.limiter.sampled) == (c["taken"], c["taken"] + c["dropped_stale"],
+                                                                 c["sampled"])
+    assert dqn.runner.store.version == int(cut.state.learner.version)
+    (_, _, _, stats), _ = dqn.runner.actors[0](dqn.learner_state.params, dqn.runner.store.version)[0]
+    print("EPSILON", float(stats["epsilon"]), float(dqn.parts.epsilon(buf.produced)), buf.produced)
+    tj.train(run_dir=run_dir, progress=False, resume=True)
+""")
+
+
+def test_async_sync_dqn_exact_resume_in_a_fresh_process_with_replay_and_epsilon(tmp_path, dqn_full):
+    config = tj.DQNConfig(**{**DQN, "runtime": "async", "schedule": "sync"})
+    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    cut = tj.load(run_dir)
+    assert cut.meta["includes_replay"] is True and cut.meta["resumable"] is True
+    assert int(cut.state.learner.version) == 2 * config.iterations_per_chunk and int(cut.state.replay.size) > 0
+    assert cut.step == cut.meta["async_counters"]["taken"] > config.learning_starts
+    proc = resume_in_fresh_process(tmp_path, run_dir, _DQN_RESUME_SCRIPT)
+    eps, schedule, produced = proc.stdout.split("EPSILON")[1].split()[:3]
+    # the first chunk after the restore explores with the schedule's epsilon at the restored env steps
+    assert float(eps) == float(schedule) < config.epsilon_start and int(produced) == cut.step
+    a, b = tj.load(tmp_path / "full"), tj.load(run_dir)
+    assert int(b.state.learner.version) == config.learning_iterations
+    # online + target params, optimizer state, learner and actor keys, replay contents and
+    # priorities, n-step window, env states, counters: bit for bit
+    assert_trees_equal(a.state, b.state)
+    assert_trees_equal(full.state, b.state)
+    # schedule 'sync' acts chunk k with the params published after chunk k-1: Anakin's bits
+    assert_trees_equal(dqn_full.state, b.state)
+    assert a.meta["async_counters"] == b.meta["async_counters"]  # inserts, samples, drops, epsilon
+    rows_a, rows_b = read_csv(tmp_path / "full" / "metrics.csv"), read_csv(run_dir / "metrics.csv")
+    assert [r["update"] for r in rows_a] == [r["update"] for r in rows_b] == ["10", "20", "30", "34"]
+    for ra, rb in zip(rows_a, rows_b):
+        assert {k: v for k, v in ra.items() if k not in ASYNC_TIMING} == \
+               {k: v for k, v in rb.items() if k not in ASYNC_TIMING}
+
+
+def test_async_relaxed_two_actor_run_resumes_from_its_cut(tmp_path):
+    """relaxed with several actors: every actor's state is saved (stacked); rollouts in flight at
+    the checkpoint are counted and acted again; the resumed run completes with continuing counters."""
+    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "relaxed", "num_actors": 2, "eval_episodes": 0})
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    cut = tj.load(run_dir)
+    counters = cut.meta["async_counters"]
+    assert cut.meta["stacked_actors"] == 2 and counters["taken"] == cut.step == 2 * CHUNK_STEPS
+    assert counters["in_flight"] >= 0 and counters["dropped_stale"] % config.batch_size == 0
+    assert cut.state.actor.obs.shape == (config.num_envs, 4)  # load() gives actor 0 for evaluation
+    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
+    assert int(resumed.state.learner.version) == config.num_updates
+    assert [int(r["env_steps"]) for r in read_csv(run_dir / "metrics.csv")] == [256, 512, 768, 1024]
+    assert np.all(resumed.curve["policy_lag_max"] <= config.policy_lag_bound)
+    assert np.all(np.diff(resumed.curve["dropped_stale"]) >= 0)  # cumulative across the resume
+    final = tj.load(run_dir)
+    assert final.meta["async_counters"]["taken"] == config.env_steps
+
+
+def test_async_host_env_run_resumes_and_continues(tmp_path):
+    pytest.importorskip("envpool")
+    config = tj.PPOConfig(num_envs=4, num_steps=16, num_minibatches=1, update_epochs=1, total_env_steps=4 * 16 * 4,
+                          eval_every_env_steps=4 * 16, eval_episodes=0, env="envpool:CartPole-v1",
+                          runtime="async", schedule="sync")
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
+    assert tj.load(run_dir).meta["has_actor"] is False
+    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
+    assert int(resumed.state.learner.version) == config.num_updates and resumed.state.actor is None
+    assert [int(r["env_steps"]) for r in read_csv(run_dir / "metrics.csv")] == [64, 128, 192, 256]
+    assert list(resumed.curve["update"]) == [1, 2, 3, 4]
+    from tianji_jax.runtime.async_ppo import resume_seed
+
+    assert resume_seed(config.seed, 128) not in (config.seed, resume_seed(config.seed, 192))
 
 
 def test_config_from_dict_round_trip(ppo_full):

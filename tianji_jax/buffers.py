@@ -101,6 +101,40 @@ class _Inbox:
             self._cond.notify_all()
             return True
 
+    def _taken(self) -> int:
+        """Env steps the learner has taken (consumed / inserted into its replay)."""
+        raise NotImplementedError
+
+    def _set_taken(self, steps: int) -> None:
+        raise NotImplementedError
+
+    def cut_counters(self) -> dict[str, int]:
+        """The counters of a checkpoint cut, read in the learner thread between two takes:
+        ``taken`` (env steps the learner consumed / inserted into its replay), ``dropped_stale``,
+        ``sampled`` (the limiter's samples) and ``in_flight`` (env steps inserted but not yet
+        taken: what a resume from this cut discards and the actors produce again)."""
+        with self._cond:
+            taken = self._taken()
+            return {"taken": taken, "dropped_stale": self.dropped_stale, "sampled": self.limiter.sampled,
+                    "in_flight": self.produced - taken - self.dropped_stale}
+
+    def restore_counters(self, counters: dict[str, int]) -> None:
+        """Continue from a cut of :meth:`cut_counters` (before any thread starts): nothing
+        resident, ``produced = taken + dropped_stale``, and the limiter's inserts (net of drops)
+        and samples as at the cut, so the rate limiter's band continues where it was.
+
+        Raises:
+            RuntimeError: the buffer already holds items or reservations.
+        """
+        with self._cond:
+            if self._items or self._admitted_items:
+                raise RuntimeError("restore_counters on a buffer in use")
+            taken, dropped = int(counters["taken"]), int(counters["dropped_stale"])
+            self._set_taken(taken)
+            self.dropped_stale = dropped
+            self.produced = taken + dropped
+            self.limiter.inserted, self.limiter.sampled, self.limiter.dropped = taken, int(counters["sampled"]), dropped
+
     def wake(self) -> None:
         """Wake every waiter (used at shutdown)."""
         with self._cond:
@@ -143,6 +177,12 @@ class TrajectoryQueue(_Inbox):
         super().__init__(limiter, max_policy_lag)
         self.consumed = 0
         self._learning = False
+
+    def _taken(self) -> int:
+        return self.consumed
+
+    def _set_taken(self, steps: int) -> None:
+        self.consumed = steps
 
     def _can_admit(self, num_steps: int) -> bool:
         ahead = len(self._items) + self._admitted_items + int(self._learning)
@@ -211,12 +251,19 @@ class ReplayIngress(_Inbox):
         super().__init__(limiter, max_policy_lag)
         self.inserted = 0
 
-    def take(self, learner_version: int, sample_items: int, timeout_s: float, stop: threading.Event
+    def _taken(self) -> int:
+        return self.inserted
+
+    def _set_taken(self, steps: int) -> None:
+        self.inserted = steps
+
+    def take(self, learner_version: int, sample_items: int | None, timeout_s: float, stop: threading.Event
              ) -> tuple[list[TrajectoryItem], bool]:
         """Learner side: every waiting chunk with lag ``<= K`` (staler ones are dropped and leave the
         limiter's insert count), and whether a block of ``sample_items`` samples may run now (if
         True it is recorded as sampled). Waits up to ``timeout_s`` for either; ``([], False)`` on
-        timeout or stop."""
+        timeout or stop. ``sample_items=None``: wait for chunks only (the ``sync`` schedule
+        decides its blocks itself and records them with :meth:`record_sample`)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -230,7 +277,7 @@ class ReplayIngress(_Inbox):
                         self.inserted += it.num_steps
                 had = bool(self._items)
                 self._items.clear()
-                can = self.limiter.can_sample(sample_items)
+                can = sample_items is not None and self.limiter.can_sample(sample_items)
                 if can:
                     self.limiter.record_sample(sample_items)
                 if had or can:
@@ -241,3 +288,10 @@ class ReplayIngress(_Inbox):
                 if left <= 0 or stop.is_set():
                     return [], False
                 self._cond.wait(min(left, 0.1))
+
+    def record_sample(self, sample_items: int) -> None:
+        """Count ``sample_items`` samples with the limiter (a block the learner ran without asking
+        :meth:`take`: the ``sync`` schedule)."""
+        with self._cond:
+            self.limiter.record_sample(sample_items)
+            self._cond.notify_all()

@@ -12,7 +12,10 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   steps, updates done, the ``metrics.csv`` rows written so far (a resumed run rewrites
   ``metrics.csv`` from them and appends), whether the replay buffer is included
   (``includes_replay``), whether the run can be resumed from it (``resumable``) and whether the
-  run had finished (``finished``).
+  run had finished (``finished``); async runs add ``async_counters`` (buffer and rate-limiter
+  counters of the cut, ``in_flight`` env steps it leaves out, DQN's epsilon), ``has_actor``
+  (False for host-env actors, whose env state is not saved) and ``stacked_actors`` (the number of
+  actor states stacked on a leading axis of ``state.actor`` when there are several, else 0).
 
 Saving is asynchronous: :meth:`RunCheckpointer.save` returns once the arrays are copied to the
 host (so a donated train state can be reused at once) and orbax writes in a background thread.

@@ -511,6 +511,11 @@ class DQNConfig(_AgentConfig):
     max_policy_lag: int = 4
     """Async: the lag gate at insert: a rollout acted with params more than this many versions
     behind the learner when it reaches the replay buffer is dropped (design.md section 4.2)."""
+    schedule: Literal["sync", "relaxed"] = "relaxed"
+    """Async: 'relaxed' (actors act with the newest params whenever the rate limiter admits a
+    chunk; the TianJi mode) or 'sync' (one actor; chunk k is acted with the params published after
+    the learner processed chunk k-1, exactly as an Anakin iteration: lag 0, bit-reproducible;
+    max_policy_lag is then unused)."""
     num_actors: int = 1
     """Async: actor threads, each with its own num_envs envs."""
     stall_timeout_s: float = 60.0
@@ -552,6 +557,11 @@ class DQNConfig(_AgentConfig):
         _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
         if self.runtime not in _DQN_RUNTIMES:
             raise ValueError(f"runtime must be one of {_DQN_RUNTIMES}, got {self.runtime!r}")
+        if self.schedule not in ("sync", "relaxed"):
+            raise ValueError(f"schedule must be one of ('sync', 'relaxed'), got {self.schedule!r}")
+        if self.runtime == "async" and self.schedule == "sync" and self.num_actors != 1:
+            raise ValueError(f"num_actors must be 1 for schedule 'sync', got {self.num_actors}; "
+                             "use schedule 'relaxed' for several actors")
         # target network: exactly one of the two rules
         if self.tau is not None:
             _check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
@@ -690,7 +700,9 @@ class DQNConfig(_AgentConfig):
             f"{self.epsilon_start} -> {self.epsilon_end} over {self.epsilon_decay_steps} env steps; chunks of "
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
-            + (f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
+            + ("; async runtime, schedule sync (one actor, lag 0, the Anakin iteration order)"
+               if self.runtime == "async" and self.schedule == "sync" else
+               f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
                "replay ratio held by the rate limiter, which also sets the exact env steps (the same to within "
                "its band)" if self.runtime == "async" else "; Anakin runtime")
         )

@@ -160,8 +160,23 @@ def train(
     chunk) and after the last one, asynchronously. ``resume=True`` continues the run in ``run_dir``
     from its latest complete checkpoint: ``metrics.csv`` is rewritten with the checkpoint's rows and
     appended to, and an Anakin run on gymnax then gives bit-for-bit the params, counters and
-    metrics (all but the timing columns) of an uninterrupted run. The async runtime's checkpoints
-    serve :func:`load` and ``tianji eval`` but cannot be resumed yet (ValueError).
+    metrics (all but the timing columns) of an uninterrupted run.
+
+    Async runs checkpoint a consistent cut taken in the learner thread right after a publication:
+    the learner state of version ``v`` (params, optimizer state, key, version), each gymnax
+    actor's state right after its newest rollout the learner consumed (envs, observations, key,
+    observation / reward statistics, episode accumulators; DQN: the n-step window), the replay
+    buffer (DQN, with ``checkpoint_replay``), and in ``meta["async_counters"]`` the buffer's and
+    rate limiter's counters and DQN's epsilon. Under schedule ``sync`` (PPO and DQN, gymnax) a
+    resume is bit-for-bit the uninterrupted run (all but the timing and rate columns). Under
+    ``one_step`` / ``relaxed``, rollouts produced after the cut are discarded and acted again
+    from the cut with the newest params (``async_counters["in_flight"]``, reported on stderr at
+    resume, counts the env steps of those already inserted into the queue; a rollout still being
+    acted or held back at the cut is discarded too, uncounted), so the resumed run continues
+    correctly but not bit-identically. Host (envpool/gymnasium) actors cannot save their C++ env
+    state: on resume they re-seed their envs from the run seed and the resume step
+    (:func:`~tianji_jax.runtime.async_ppo.resume_seed`) and reset, losing the episodes in
+    progress. Multi-host async runs (``num_processes > 1``) cannot be resumed yet.
 
     Args:
         config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction); with
@@ -193,7 +208,8 @@ def train(
         FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
             is never overwritten).
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
-            by the async runtime, or (DQN) without its replay buffer.
+            by a multi-host async run (or an older tianji_jax without async resume), or (DQN)
+            without its replay buffer.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).
@@ -237,7 +253,7 @@ class _RunFiles:
 
     def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
-                 template: Callable[[], Any], resumable: bool):
+                 resumable: bool):
         from tianji_jax import checkpoint as ckpt
 
         self.config, self.algo, self.resumable = config, algo, resumable
@@ -269,13 +285,15 @@ class _RunFiles:
             ckpt.check_compatible(meta["config"], self.config_dict, meta.get("packages") if check_versions else None,
                                   self.packages if check_versions else None)
             if not meta.get("resumable", False):
-                raise ValueError(f"the checkpoints in {str(run_dir)!r} were written by the async runtime, which "
-                                 "cannot be resumed yet (they serve tianji_jax.load and tianji eval); allowed: "
-                                 "resume runs with runtime='anakin'")
+                raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: written by a multi-host "
+                                 "async run (num_processes > 1) or by a tianji_jax that did not checkpoint the "
+                                 "async runtime's actors and counters (they serve tianji_jax.load and tianji eval); "
+                                 "allowed: resume single-process runs written by this version")
             if algo == "dqn" and not meta.get("includes_replay", False):
                 raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
                                  "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
-            self.restored = self.ckptr.restore(template(), meta=meta)
+            self.restored = self.ckptr.restore(
+                _state_template(config, meta.get("has_actor", True), meta.get("stacked_actors", 0)), meta=meta)
             self.rows = list(self.restored.rows)
             self.last_saved = self.restored.step
             self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
@@ -381,8 +399,7 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
                "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
     files = _RunFiles(config, "ppo", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                       tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                      template=lambda: jax.eval_shape(trainer.init, jax.random.PRNGKey(config.seed)),
-                      resumable=config.runtime == "anakin")
+                      resumable=config.num_processes == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -459,20 +476,24 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
                callback: Callable[[dict[str, float]], None] | None = None):
     """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run.
 
-    After each row the learner state and actor 0's state (gymnax; None for host envs) are
-    checkpointed from the host loop (``resumable: false``: serves load/eval)."""
+    After each row the checkpoint cut of that version (:meth:`AsyncPPO.cut`: the learner state,
+    each gymnax actor's state right after its newest consumed rollout, the queue's counters; host
+    actors have no saved state) is checkpointed from the host loop; a resume continues from it."""
     from tianji_jax.runtime.async_ppo import AsyncPPO
 
-    ppo = AsyncPPO(config)
+    ppo = AsyncPPO(config, restore=_async_restore(files.restored))
     print(ppo.describe_placement(), file=sys.stderr, flush=True)
     runner = ppo.runner
 
     def extra() -> dict:
         with ppo.timers_lock:
             timers = dict(ppo.timers)
-        # the learner state as published with this version (the learner thread takes the snapshot
-        # right after publishing; the caller handles the event later, when the learner may be ahead)
-        return {**timers, "dropped_partial": ppo.env_steps_discarded, "learner_state": ppo.learner_state}
+        # the learner state as published with this version and the actors' half of the cut (the
+        # learner thread takes the snapshot right after publishing; the caller handles the event
+        # later, when the learner and the actors may be ahead)
+        cut = ppo.cut()
+        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "learner_state": ppo.learner_state,
+                "cut": cut}
 
     runner.extra_snapshot = extra
     pending: list[Any] = []
@@ -503,14 +524,17 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         })
         last.clear()
         last.update(snap)
-        # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
-        obs_rms = jax.device_put(ppo.obs_rms, ppo.eval_sharding) if ppo.obs_rms is not None else None
         state_v = snap["learner_state"]  # exactly version `version`, whatever the learner does meanwhile
         learner = _distributed_local(config, state_v) if ppo.multi else state_v
+        actors = snap["cut"]["actors"]  # the actors as this version's learner had consumed them
+        # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
+        obs_rms = jax.device_put(actors[0].obs_rms, ppo.eval_sharding) if actors[0] is not None else None
         stop = emit(row, learner.params, obs_rms)
-        saved = PPOTrainState(ppo._actor_states[0], learner)
+        saved = PPOTrainState(_stack_actors(actors), learner)
         files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
-                         {"stopped_early": stop, "has_actor": ppo._actor_states[0] is not None},
+                         {"stopped_early": stop, "has_actor": actors[0] is not None,
+                          "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
+                          "async_counters": snap["cut"]["counters"]},
                          finished=stop or version >= config.num_updates)
         if callback is not None:
             callback(dict(row))
@@ -523,7 +547,8 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         runner.run(on_update)
     finally:
         ppo.close()
-    return PPOTrainState(ppo._actor_states[0], ppo.local_learner_state), stopped[0]
+    # the threads have stopped; actor 0 as the final learner version consumed it
+    return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped[0]
 
 
 def _distributed_local(config: PPOConfig, state: Any) -> Any:
@@ -597,17 +622,62 @@ class LoadedRun:
         return getattr(self.state, "obs_rms", None)
 
 
-def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True) -> Any:
-    """An abstract (``jax.eval_shape``) train state of ``config``."""
+def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacked_actors: int = 0) -> Any:
+    """An abstract (``jax.eval_shape``) train state of ``config``; ``stacked_actors > 0``: the
+    ``actor`` field holds that many actor states stacked on a leading axis (async runs with
+    several actors)."""
     key = jax.random.PRNGKey(config.seed)
     if isinstance(config, DQNConfig):
         from tianji_jax.runtime.dqn_anakin import make_dqn_train
 
-        return jax.eval_shape(make_dqn_train(config).init, key)
-    trainer = make_train(config)
-    if not has_actor or config.env_spec.on_host:
-        return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]), key))
-    return jax.eval_shape(trainer.init, key)
+        state = jax.eval_shape(make_dqn_train(config).init, key)
+    else:
+        trainer = make_train(config)
+        if not has_actor or config.env_spec.on_host:
+            return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]),
+                                                      key))
+        state = jax.eval_shape(trainer.init, key)
+    if stacked_actors:
+        state = state.replace(actor=jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((stacked_actors, *x.shape), x.dtype), state.actor))
+    return state
+
+
+def _stack_actors(actors: list) -> Any:
+    """The ``actor`` field of an async checkpoint: the state of a single actor, or several
+    stacked on a leading ``(num_actors,)`` axis (None for host actors)."""
+    if actors[0] is None:
+        return None
+    return actors[0] if len(actors) == 1 else jax.tree.map(lambda *xs: jax.numpy.stack(xs), *actors)
+
+
+def _unstack_actors(actor: Any, stacked: int) -> list:
+    """Inverse of :func:`_stack_actors` for ``num_actors`` actors (``stacked`` from the checkpoint's meta)."""
+    if not stacked:
+        return [actor]
+    return [jax.tree.map(lambda x, i=i: x[i], actor) for i in range(stacked)]
+
+
+def _async_restore(restored: Any) -> dict | None:
+    """The ``restore`` argument of :class:`~tianji_jax.runtime.async_ppo.AsyncPPO` /
+    :class:`~tianji_jax.runtime.async_dqn.AsyncDQN` from a restored checkpoint (a
+    :class:`~tianji_jax.checkpoint.Restored`, or None for a new run: None); reports on stderr what
+    the cut leaves out."""
+    if restored is None:
+        return None
+    meta, state = restored.meta, restored.state
+    counters = meta["async_counters"]
+    restore = {"learner": state.learner, "counters": counters, "env_steps": restored.step,
+               "actors": (_unstack_actors(state.actor, meta.get("stacked_actors", 0))
+                          if state.actor is not None else None)}
+    if hasattr(state, "replay"):
+        restore["replay"] = state.replay
+    host = state.actor is None
+    print(f"resuming the async run at policy version {int(state.learner.version)} ({restored.step} env steps): "
+          f"{int(counters.get('in_flight', 0))} env steps inserted after the checkpoint (and any rollout then in "
+          "progress) are discarded and acted again" + ("; host envs are re-seeded and reset (their episodes in progress are lost)" if host else ""),
+          file=sys.stderr, flush=True)
+    return restore
 
 
 def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQNConfig | None = None) -> LoadedRun:
@@ -643,10 +713,15 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
     ckptr = ckpt.RunCheckpointer(run_dir, read_only=True)
     try:
         meta = ckptr.read_meta(step)
-        restored = ckptr.restore(_state_template(config, meta.get("has_actor", True)), step=meta["step"], meta=meta)
+        stacked = meta.get("stacked_actors", 0)
+        restored = ckptr.restore(_state_template(config, meta.get("has_actor", True), stacked), step=meta["step"],
+                                 meta=meta)
     finally:
         ckptr.close()
-    return LoadedRun(config=config, state=restored.state, step=restored.step, meta=meta, rows=restored.rows)
+    state = restored.state
+    if stacked:  # an async run with several actors: actor 0's state (all of them are in the checkpoint)
+        state = state.replace(actor=_unstack_actors(state.actor, stacked)[0])
+    return LoadedRun(config=config, state=state, step=restored.step, meta=meta, rows=restored.rows)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -719,8 +794,7 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
                "replay_bytes": config.replay_bytes}
     files = _RunFiles(config, "dqn", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                       tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                      template=lambda: jax.eval_shape(trainer.init, jax.random.PRNGKey(config.seed)),
-                      resumable=getattr(config, "runtime", "anakin") == "anakin")
+                      resumable=True)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -782,15 +856,16 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
     from tianji_jax.runtime.dqn_anakin import DQNTrainState
 
     every = config.iterations_per_chunk
-    dqn = AsyncDQN(config, snapshot_every=every)
+    dqn = AsyncDQN(config, snapshot_every=every, restore=_async_restore(files.restored))
     print(dqn.describe_placement(), file=sys.stderr, flush=True)
     runner = dqn.runner
 
     def extra() -> dict:
         with dqn.timers_lock:
             timers = dict(dqn.timers)
-        # device copies of (learner, replay) the learner thread took at this block when a row is due
-        return {**timers, "state_copy": dqn.snapshot}
+        # device copies of (learner, replay) and the actors' half of the checkpoint cut, which the
+        # learner thread took at this block when a row is due
+        return {**timers, "state_copy": dqn.snapshot, "cut": dqn.snapshot_cut}
 
     runner.extra_snapshot = extra
     pending: list[dict] = []
@@ -839,14 +914,16 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
         files.log(row)
         display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
                        row["policy_lag_mean"])
-        if callback is not None:
-            callback(dict(row))
         if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
             stopped[0] = True
-        state = DQNTrainState(dqn._actor_states[0], learner, replay_copy)
-        files.maybe_save(state, inserted, {"stopped_early": stopped[0]},
+        actors = snap["cut"]["actors"]
+        state = DQNTrainState(_stack_actors(actors), learner, replay_copy)
+        files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],
+                                           "stacked_actors": len(actors) if len(actors) > 1 else 0},
                          finished=stopped[0] or version == config.learning_iterations)
+        if callback is not None:  # after the checkpoint, as in the other loops
+            callback(dict(row))
         return stopped[0]
 
     runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
-    return DQNTrainState(dqn._actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]
+    return DQNTrainState(dqn.consumed_actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]

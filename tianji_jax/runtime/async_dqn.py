@@ -35,9 +35,15 @@ _LOCK = threading.Lock()
 class ReplayRunner(AsyncRunner):
     """:class:`AsyncRunner` whose learner drains a :class:`ReplayIngress` instead of a FIFO.
 
-    Actors run the ``relaxed`` loop (admission by the limiter, newest params). The learner loop
-    takes every waiting chunk (the gate at insert drops stale ones), calls ``insert(chunks)``, and
-    when the limiter allows a block calls ``learn(None, version)`` and publishes version + 1.
+    ``relaxed`` (default): actors run the relaxed loop (admission by the limiter, newest params).
+    The learner loop takes every waiting chunk (the gate at insert drops stale ones), calls
+    ``insert(chunks)``, and when the limiter allows a block calls ``learn(None, version)`` and
+    publishes version + 1.
+
+    ``sync`` (one actor): the Anakin iteration order. The actor acts chunk k once the learner has
+    processed chunk k-1, with the params published then; the learner inserts each chunk and runs
+    one block right after it once more than ``min_size`` env steps are inserted (the blocks'
+    samples are recorded with the limiter, which then only reports). Lag 0, deterministic.
 
     Args:
         actors: one ``act(params, version) -> (data, num_steps)`` per actor thread.
@@ -51,17 +57,26 @@ class ReplayRunner(AsyncRunner):
         min_size: env steps inserted before the first block (``learning_starts``).
         max_policy_lag: ``K`` of the gate at insert.
         stall_timeout_s: no chunk and no block this long stops the run with :class:`StallError`.
+        initial_version: version of ``initial_params`` (the restored learner's on resume).
+        schedule: ``"relaxed"`` or ``"sync"`` (``max_policy_lag`` must then be 0).
 
     Raises:
-        ValueError: no actors, or a bad lag/timeout, before any thread starts.
+        ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
+            thread starts.
     """
 
     def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem]], None], learn: Callable,
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
-                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0):
+                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
+                 schedule: str = "relaxed"):
+        if schedule not in ("sync", "relaxed"):
+            raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
-                         item_steps=chunk_steps, schedule="relaxed", max_policy_lag=max_policy_lag,
-                         queue_batches=2, stall_timeout_s=stall_timeout_s)
+                         item_steps=chunk_steps, schedule=schedule, max_policy_lag=max_policy_lag,
+                         queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version)
+        self.min_size = int(min_size)
+        self._processed = 0  # sync: chunks the learner has inserted (and learned after), this process
+        self._processed_cond = threading.Condition()
         # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
         # deadlock rule needs on each side, so neither side can block forever.
         tol = block_samples + spi * chunk_steps
@@ -71,7 +86,63 @@ class ReplayRunner(AsyncRunner):
                                                 chunk_items=chunk_steps), max_policy_lag)
         self.insert, self.block_samples = insert, int(block_samples)
 
+    def _actor_loop(self, actor_id: int) -> None:
+        if self.schedule != "sync":
+            return super()._actor_loop(actor_id)
+        act = self.actors[actor_id]
+        r = 0
+        while not self.stop.is_set():
+            t0 = time.perf_counter()
+            with self._processed_cond:  # wait for the learner to finish with chunk r - 1
+                deadline = time.monotonic() + self.stall_timeout_s
+                while self._processed < r:
+                    if self.stop.is_set():
+                        return
+                    if time.monotonic() > deadline:
+                        raise StallError(f"actor {actor_id} waited {self.stall_timeout_s:g} s for the learner to "
+                                         f"process chunk {r - 1}; last published version {self.store.version}")
+                    self._processed_cond.wait(0.1)
+            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+            params, version = self.store.latest()
+            t0 = time.perf_counter()
+            data, steps = act(params, version)
+            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            self.actor_logs[actor_id].append(version)
+            if not self._insert(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)):
+                return
+            r += 1
+
+    def _sync_learner_loop(self) -> None:
+        version = self.store.version
+        last_fresh = time.monotonic()
+        while version < self.num_updates and not self.stop.is_set():
+            t0 = time.perf_counter()
+            chunks, _ = self.buffer.take(version, None, 0.5, self.stop)
+            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            if not chunks:
+                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
+                    raise StallError(f"learner received no transitions for {self.stall_timeout_s:g} s; "
+                                     f"last published version {version}")
+                continue
+            last_fresh = time.monotonic()
+            for chunk in chunks:
+                t0 = time.perf_counter()
+                self.insert([chunk])
+                if self.buffer.inserted > self.min_size:  # as Anakin: learn once past learning_starts
+                    self.buffer.record_sample(self.block_samples)
+                    params, metrics = self.learn(None, version)
+                    version += 1
+                    self.store.publish(params, version)
+                    self.events.put(("update", version, metrics, None, self.take_snapshot()))
+                self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+                with self._processed_cond:
+                    self._processed += 1
+                    self._processed_cond.notify_all()
+        self.events.put(("done", version, None, None, self.take_snapshot()))
+
     def _learner_loop(self) -> None:
+        if self.schedule == "sync":
+            return self._sync_learner_loop()
         version = self.store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
@@ -103,9 +174,19 @@ class AsyncDQN:
     Args:
         config: a :class:`DQNConfig` with ``runtime='async'``.
         snapshot_every: after every this many learner blocks (and the last), the learner thread
-            stores device copies of ``(learner_state, replay_state)`` in ``snapshot``; the replay
+            stores device copies of ``(learner_state, replay_state)`` in ``snapshot`` and the
+            matching actor half and counters in ``snapshot_cut`` (see :meth:`cut`); the replay
             state itself is donated to the next insert/learn call, so other threads (checkpoints)
             must read the snapshot, never ``replay_state``.
+        restore: continue a run from a checkpoint cut: a dict with ``"learner"``
+            (:class:`~tianji_jax.runtime.dqn_parts.DQNLearnerState`), ``"replay"`` (the replay
+            state, contents and priorities), ``"actors"`` (one
+            :class:`~tianji_jax.runtime.dqn_parts.DQNActorState` per actor) and ``"counters"``
+            (:meth:`cut`'s); the rate limiter continues from the cut's inserts and samples, and
+            epsilon from the env steps produced (``taken + dropped_stale``).
+
+    Raises:
+        ValueError: ``restore`` with a number of actor states other than ``num_actors``.
 
     Attributes:
         runner: the :class:`ReplayRunner`.
@@ -116,11 +197,12 @@ class AsyncDQN:
         timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
     """
 
-    def __init__(self, config: DQNConfig, snapshot_every: int | None = None):
+    def __init__(self, config: DQNConfig, snapshot_every: int | None = None, restore: dict | None = None):
         from tianji_jax.runtime.dqn_anakin import dqn_compile_key
 
         self.snapshot_every = snapshot_every
         self.snapshot: tuple[Any, Any] | None = None
+        self.snapshot_cut: dict | None = None
 
         self.config = config
         self.actor_device, learners = placement()
@@ -135,10 +217,20 @@ class AsyncDQN:
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
-        self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self.learner_device)
-        self.replay_state = jax.device_put(self.parts.init_replay(), self.learner_device)
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
-        self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in keys]
+        if restore is None:
+            learner, replay, actors = self.parts.init_learner(k_learner), self.parts.init_replay(), None
+        else:
+            learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
+            if actors is None or len(actors) != config.num_actors:
+                raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
+                                 f"{None if actors is None else len(actors)}")
+        self.learner_state = jax.device_put(learner, self.learner_device)
+        self.replay_state = jax.device_put(replay, self.learner_device)
+        if actors is None:
+            actors = [self.parts.init_actor(k) for k in keys]
+        self._actor_states = [jax.device_put(a, self.actor_device) for a in actors]
+        self.consumed_actor_states: list = list(self._actor_states)  # after each actor's newest chunk taken
         self.epsilon = float(config.epsilon_start)
         self._zero_stats()
         c = config.iteration_env_steps
@@ -147,7 +239,24 @@ class AsyncDQN:
             learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
             chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
-            max_policy_lag=config.max_policy_lag, stall_timeout_s=config.stall_timeout_s)
+            max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
+            stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
+            schedule=config.schedule)
+        if restore is not None:
+            self.runner.buffer.restore_counters(restore["counters"])
+            self.epsilon = float(restore["counters"]["epsilon"])
+
+    def cut(self) -> dict:
+        """The actor half and the counters of a checkpoint cut, taken in the learner thread right
+        after a learner block (with ``snapshot``): ``{"actors": per actor, its state right after its
+        newest chunk the learner inserted into replay (a chunk the gate dropped is rolled out again
+        on resume), "counters": the ingress's
+        :meth:`~tianji_jax.buffers.ReplayIngress.cut_counters` plus "epsilon" (of the newest
+        chunk inserted)}``. Chunks produced after the cut (in the inbox:
+        ``counters["in_flight"]`` env steps; or being rolled out, uncounted) are not part of it: a resume discards them and
+        the actors act again from the cut."""
+        return {"actors": list(self.consumed_actor_states),
+                "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
@@ -177,13 +286,13 @@ class AsyncDQN:
             t0 = time.perf_counter()
             data = jax.block_until_ready(jax.device_put((items, item_version, mask, stats), self.learner_device))
             self._time("h2d_s", t0)
-            return data, self.config.iteration_env_steps
+            return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
 
     def _insert_chunks(self, chunks: list[TrajectoryItem]) -> None:
         t0 = time.perf_counter()
         for chunk in chunks:
-            items, item_version, mask, stats = chunk.data
+            (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
             self.replay_state = self._insert(self.replay_state, items, item_version, mask)
             host = jax.device_get(stats)
             self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
@@ -203,6 +312,7 @@ class AsyncDQN:
         blocks = version + 1
         if self.snapshot_every and (blocks % self.snapshot_every == 0 or blocks == self.config.learning_iterations):
             self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
+            self.snapshot_cut = self.cut()
         metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
                    "replay_size": int(self.replay_state.size)}
         self._zero_stats()

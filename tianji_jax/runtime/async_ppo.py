@@ -26,7 +26,7 @@ from tianji_jax.runtime.host_actor import HostActor
 from tianji_jax.runtime.param_store import ParamStore
 from tianji_jax.runtime.ppo_parts import LearnerState, PPOParts
 
-__all__ = ["AsyncPPO", "placement"]
+__all__ = ["AsyncPPO", "placement", "resume_seed"]
 
 _JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = {}
 _LOCK = threading.Lock()
@@ -47,6 +47,14 @@ def placement(devices: list | None = None, num_learner_devices: int = 1) -> tupl
             f"1..{len(devs)} (on CPU, start Python with XLA_FLAGS=--xla_force_host_platform_device_count=N "
             "or set jax_num_cpu_devices before JAX starts)")
     return devs[0], devs[len(devs) - num_learner_devices:]
+
+
+def resume_seed(seed: int, env_steps: int) -> int:
+    """Base seed of host (envpool/gymnasium) envs in a run resumed at ``env_steps``: their C++
+    state is not checkpointed, so they restart from fresh episodes seeded from the run's ``seed``
+    and the resume point (never the run's original seeds, so no episode is replayed), in
+    [0, 2**31)."""
+    return int(np.random.SeedSequence([int(seed), int(env_steps)]).generate_state(1)[0]) % 2**31
 
 
 def _distributed(config: PPOConfig):
@@ -73,6 +81,18 @@ class AsyncPPO:
     Args:
         config: a :class:`PPOConfig` with ``runtime='async'`` (not checked, so tests can reuse one).
         store: optional :class:`ParamStore` (fault injection in tests).
+        restore: continue a run from a checkpoint cut (:meth:`cut`): a dict with ``"learner"``
+            (a :class:`LearnerState`), ``"actors"`` (one :class:`ActorState` per actor for gymnax
+            actors; None for host actors), ``"counters"`` (the cut's counters) and
+            ``"env_steps"`` (env steps of the checkpoint). Host actors cannot restore the C++ env
+            state of envpool/gymnasium: they re-seed their envs with :func:`resume_seed` of the
+            run seed and ``env_steps`` (a resumed run does not replay the episodes it began
+            with), fold ``env_steps`` into their PRNG key, and reset; episodes in progress at the
+            checkpoint are lost.
+
+    Raises:
+        ValueError: ``restore`` for a multi-host run (not supported yet), or actor states that
+            do not match ``num_actors``.
 
     Attributes:
         runner: the :class:`AsyncRunner`.
@@ -80,10 +100,12 @@ class AsyncPPO:
             ``h2d_s`` (params to the actor device and trajectories to the learner device) and
             ``update_s`` (learner update), guarded by ``timers_lock``.
         learner_state: the newest :class:`LearnerState` (read it after the run).
-        obs_rms: actor 0's newest observation statistics (for evaluation).
+        obs_rms: actor 0's newest observation statistics.
+        consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
+            the learner consumed (the actor half of a checkpoint cut; None for host actors).
     """
 
-    def __init__(self, config: PPOConfig, store: ParamStore | None = None):
+    def __init__(self, config: PPOConfig, store: ParamStore | None = None, restore: dict | None = None):
         from tianji_jax.runtime.anakin import compile_key
 
         self.config = config
@@ -121,11 +143,21 @@ class AsyncPPO:
             self.timers.update(inference_s=0.0, env_step_s=0.0)
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
-        if self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
+        if restore is not None and self.multi:
+            raise ValueError("resume of a multi-host async run (num_processes > 1) is not supported yet; "
+                             "allowed: resume single-process runs")
+        env_seed = config.seed
+        if restore is not None:
+            k_actor = jax.random.fold_in(k_actor, int(restore["env_steps"]))
+            env_seed = resume_seed(config.seed, int(restore["env_steps"]))
+            self.learner_state = jax.device_put(restore["learner"], self._replicated)
+        elif self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
             self.learner_state: LearnerState = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
             k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
         else:
             self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self._replicated)
+        counters = restore["counters"] if restore is not None else {}
+        self._discarded_before = int(counters.get("dropped_partial", 0))
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         self.host_actors: list[HostActor] = []
         if config.env_spec.on_host:
@@ -134,20 +166,31 @@ class AsyncPPO:
             try:
                 for i, k in enumerate(actor_keys):
                     self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
-                                                      self.to_learner, self._time))
+                                                      self.to_learner, self._time, seed=env_seed))
             except BaseException:
                 self.close()
                 raise
             actors = list(self.host_actors)
         else:
-            self._actor_states = [jax.device_put(self.parts.init_actor(k), self.actor_device) for k in actor_keys]
+            if restore is not None:
+                states = restore["actors"]
+                if states is None or len(states) != config.num_actors:
+                    raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
+                                     f"{None if states is None else len(states)}")
+            else:
+                states = [self.parts.init_actor(k) for k in actor_keys]
+            self._actor_states = [jax.device_put(st, self.actor_device) for st in states]
             self.obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         self.runner = AsyncRunner(
             actors=actors, learn=self._learn_item,
             initial_params=self.local_learner_state.params, num_updates=config.num_updates,
             item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
-            queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store)
+            queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
+            initial_version=int(self.local_learner_state.version))
+        self.consumed_actor_states: list = list(self._actor_states)
+        if restore is not None:
+            self.runner.buffer.restore_counters(counters)
         self.watchdog = None
         if self.multi:  # lockstep collectives: global telemetry and a watchdog on every update
             local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
@@ -188,7 +231,24 @@ class AsyncPPO:
     def env_steps_discarded(self) -> int:
         """Host actors: env steps dropped before insertion because a rollout started with newer
         params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
-        return sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+        return self._discarded_before + sum(a.chunker.transitions_discarded + a.chunker.stale_actions
+                                            for a in self.host_actors)
+
+    def cut(self) -> dict:
+        """The actor half and the counters of a checkpoint cut; call it in the learner thread right
+        after a publication (``AsyncRunner.extra_snapshot``), so that it belongs to the learner
+        state of that version: ``{"actors": consumed_actor_states (copy), "counters": the queue's
+        :meth:`~tianji_jax.buffers.TrajectoryQueue.cut_counters` plus "dropped_partial"}``.
+
+        The cut is "the learner at version v together with each actor as it was right after its
+        newest consumed rollout": under ``sync`` that is exactly the state an uninterrupted run
+        continues from (rollout v uses params v). Rollouts produced after it (waiting in the queue:
+        ``counters["in_flight"]`` env steps; or in progress / held back by ``one_step``,
+        uncounted) are not part of the cut: a resume discards them
+        and the actors roll out again from the cut, with the newest params (under ``one_step`` /
+        ``relaxed`` the resumed run is therefore not bit-identical to an uninterrupted one)."""
+        counters = {**self.runner.buffer.cut_counters(), "dropped_partial": self.env_steps_discarded}
+        return {"actors": list(self.consumed_actor_states), "counters": counters}
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
@@ -224,14 +284,17 @@ class AsyncPPO:
             t0 = time.perf_counter()
             traj = jax.block_until_ready(self.to_learner(traj))
             self._time("h2d_s", t0)
-            return traj, self.config.batch_size
+            return (traj, state), self.config.batch_size  # the state after it: a checkpoint cut's actor half
         return act
 
     def _learn_item(self, item, version: int):
+        traj = item.data
+        if not self.host_actors:  # gymnax: (trajectory, actor state right after it)
+            traj, self.consumed_actor_states[item.actor_id] = item.data
         t0 = time.perf_counter()
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep
             with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if version == 0 else 0.0):
-                state, metrics = self._learn(self.learner_state, item.data)
+                state, metrics = self._learn(self.learner_state, traj)
                 jax.block_until_ready(state.params)
             self._time("update_s", t0)
             self.learner_state = state
@@ -240,7 +303,7 @@ class AsyncPPO:
             # replicas must agree on every process: one line per update (tests compare them)
             dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
             return params, dist.local_replica(metrics)
-        state, metrics = self._learn(self.learner_state, item.data)
+        state, metrics = self._learn(self.learner_state, traj)
         jax.block_until_ready(state.params)
         self._time("update_s", t0)
         self.learner_state = state

@@ -77,15 +77,19 @@ class AsyncRunner:
             be consumed within K; :meth:`TrajectoryQueue.admit`). False: actors roll out with the
             newest params at once and then wait for room, so stale rollouts reach the lag gate
             and are dropped (used to exercise the gate; wasteful otherwise).
+        initial_version: version of ``initial_params`` (0 for a new run; the restored learner's
+            version on resume): the learner stops at ``num_updates`` in total, and ``sync`` /
+            ``one_step`` actors start their first rollout with these params without waiting.
 
     Raises:
-        ValueError: bad schedule/lag/actor-count combination, or a rate-limiter band that could
-            deadlock, before any thread starts.
+        ValueError: bad schedule/lag/actor-count combination, a negative ``initial_version``, or
+            a rate-limiter band that could deadlock, before any thread starts.
     """
 
     def __init__(self, *, actors: list[ActFn], learn: LearnFn, initial_params: Any, num_updates: int,
                  item_steps: int, schedule: str = "relaxed", max_policy_lag: int = 1, queue_batches: int = 2,
-                 stall_timeout_s: float = 60.0, store: ParamStore | None = None, admission: bool = True):
+                 stall_timeout_s: float = 60.0, store: ParamStore | None = None, admission: bool = True,
+                 initial_version: int = 0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if not actors:
@@ -102,7 +106,10 @@ class AsyncRunner:
         limiter = RateLimiter(spi=1.0, min_size=item_steps, min_diff=0, max_diff=queue_batches * item_steps,
                               batch_items=item_steps, chunk_items=item_steps)
         self.buffer = TrajectoryQueue(limiter, max_policy_lag)
-        self.store = store if store is not None else ParamStore(initial_params, 0)
+        if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
+            raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
+        self.start_version = initial_version
+        self.store = store if store is not None else ParamStore(initial_params, initial_version)
         self.actors, self.learn = actors, learn
         self.num_updates, self.item_steps = int(num_updates), int(item_steps)
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
@@ -177,9 +184,9 @@ class AsyncRunner:
         act = self.actors[actor_id]
         params, version = self.store.latest()
         pending: TrajectoryItem | None = None
-        r = 0
+        start = r = self.start_version  # rollout index = the version sync acts with
         while not self.stop.is_set():
-            if self.schedule == "one_step" and r >= 1:
+            if self.schedule == "one_step" and r > start:
                 # fetch params r-1 *before* inserting rollout r-1: the learner cannot be past r-1 yet
                 got = self._wait_params(actor_id, r - 1, version)
                 if got is None:
@@ -192,7 +199,7 @@ class AsyncRunner:
                     return
                 if self.schedule == "relaxed":  # without admission control
                     params, version = self.store.latest()
-                elif self.schedule == "sync" and r >= 1:
+                elif self.schedule == "sync" and r > start:
                     got = self._wait_params(actor_id, r, version)
                     if got is None:
                         return

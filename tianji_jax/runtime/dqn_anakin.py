@@ -147,7 +147,7 @@ def dqn_compile_key(config: DQNConfig) -> DQNConfig:
     """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``,
     the async-only fields) set to their defaults: equal keys share compiled functions."""
     return config.replace(seed=0, stop_at_return=None, runtime="anakin", max_policy_lag=4, num_actors=1,
-                          stall_timeout_s=60.0)
+                          stall_timeout_s=60.0, schedule="relaxed")
 
 
 def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:

@@ -44,6 +44,8 @@ class HostActor:
         timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to the named phase (``rollout_s`` =
             inference + env step, split into ``inference_s`` and ``env_step_s``; ``h2d_s`` =
             transfers).
+        seed: run seed the envs' seeds derive from (:func:`host_env_seed`); default
+            ``config.seed`` (a resumed run passes a fresh one: host env state is not checkpointed).
 
     Attributes:
         chunker: the :class:`TrajectoryChunker`; ``chunker.transitions_discarded`` counts env steps
@@ -52,12 +54,13 @@ class HostActor:
     """
 
     def __init__(self, config: PPOConfig, policy: Callable, actor_id: int, key: jax.Array, actor_device: Any,
-                 to_learner: Callable[[dict], dict], timer: Callable[[str, float], None]):
+                 to_learner: Callable[[dict], dict], timer: Callable[[str, float], None], seed: int | None = None):
         spec = config.env_spec
         self.config, self.policy, self.actor_id = config, policy, actor_id
         self.actor_device, self.to_learner, self._time = actor_device, to_learner, timer
         self._add = lambda name, seconds: timer(name, time.perf_counter() - seconds)  # add a duration
-        self.env = spec.make_host_env(config.num_envs, host_env_seed(config.seed, actor_id, config.num_envs),
+        seed = config.seed if seed is None else seed
+        self.env = spec.make_host_env(config.num_envs, host_env_seed(seed, actor_id, config.num_envs),
                                       config.env_batch_size)
         self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, spec.observation_space,
                                                      spec.action_space)
