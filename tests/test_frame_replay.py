@@ -21,7 +21,8 @@ from tianji_jax.algos.dqn import Transition
 pytestmark = pytest.mark.timeout(180)
 
 FRAME = (2, 2)  # 4 uint8 bytes hold a frame's uint32 id
-DUMMY = dict(frame_id=0, action=0, reward=0.0, terminated=False, truncated=False, first=False, done=False)
+DUMMY = dict(frame_id=0, action=0, reward=0.0, terminated=False, truncated=False, first=False, stack_reset=False,
+             done=False)
 
 
 def encode(ids):
@@ -36,8 +37,11 @@ def decode(frames):
 class StackingEnvs:
     """E synthetic envs with random episode lengths, ending by termination or truncation.
 
-    ``history[e]`` lists, per absolute step t of env e: dict(frame_id, first, done, terminated,
-    action, reward, version, stack (S frame ids, oldest first), stack_steps (their absolute steps)).
+    A third of the terminations are "lost lives" (envpool's ``episodic_life``): the next episode
+    keeps stacking onto the old frames instead of repeating its reset frame (``stack_reset``
+    False). ``history[e]`` lists, per absolute step t of env e: dict(frame_id, first,
+    stack_reset, done, terminated, action, reward, version, stack (S frame ids, oldest first),
+    stack_steps (their absolute steps)).
     """
 
     def __init__(self, num_envs, stack, seed):
@@ -46,6 +50,7 @@ class StackingEnvs:
         self.history = [[] for _ in range(num_envs)]
         self.deques = [None] * num_envs
         self.left = np.zeros(num_envs, int)  # steps left in the episode; 0 = must reset next
+        self.life_lost = np.zeros(num_envs, bool)
 
     def _frame_id(self, e):
         return e * 1_000_000 + len(self.history[e]) + 1
@@ -55,15 +60,20 @@ class StackingEnvs:
         t = len(self.history[e])
         fid = self._frame_id(e)
         if self.left[e] == 0:
-            self.deques[e] = collections.deque([(fid, t)] * self.s, maxlen=self.s)  # repeat reset frame
+            if self.life_lost[e]:
+                self.deques[e].append((fid, t))  # the stack continues over a lost life
+            else:
+                self.deques[e] = collections.deque([(fid, t)] * self.s, maxlen=self.s)  # repeat reset frame
             self.left[e] = self.rng.integers(1, 9)
-            rec = dict(first=True, terminated=False, truncated=False, action=0, reward=0.0)
+            rec = dict(first=True, stack_reset=not self.life_lost[e], terminated=False, truncated=False,
+                       action=0, reward=0.0)
         else:
             self.deques[e].append((fid, t))
             self.left[e] -= 1
             end = self.left[e] == 0
             term = bool(end and self.rng.random() < 0.5)
-            rec = dict(first=False, terminated=term, truncated=bool(end and not term),
+            self.life_lost[e] = term and self.rng.random() < 1 / 3
+            rec = dict(first=False, stack_reset=False, terminated=term, truncated=bool(end and not term),
                        action=int(self.rng.integers(0, 6)), reward=float(self.rng.integers(-2, 3)))
         rec.update(frame_id=fid, version=version, stack=[f for f, _ in self.deques[e]],
                    stack_steps=[s for _, s in self.deques[e]])
@@ -118,7 +128,8 @@ def check_sample(s, expected, batch):
 @pytest.mark.parametrize("auto_reset", ["next_step", "same_step"])
 def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_reset):
     """Rings of 11 frames (S=4, n=3) wrap ~10 times over random episodes (lengths 1-8, ending by
-    termination or truncation), with random envs skipping steps (async batches, permuted env_id).
+    termination, a lost life or truncation), with random envs skipping steps (async batches,
+    permuted env_id).
     Next-step auto-reset (envpool): the reset step is its own row with first=True. Same-step
     (gymnax): the done row passes the final frame and the new first frame together."""
     e_n, s_n, n, f, gamma, batch = 3, 4, 3, 11, 0.9, 512
@@ -130,14 +141,16 @@ def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_rese
     for tick in range(120):
         order = rng.permutation(e_n)
         mask = rng.random(e_n) < 0.8
-        rows = {k: [] for k in ("frame", "final", "action", "reward", "term", "trunc", "first")}
+        rows = {k: [] for k in ("frame", "final", "action", "reward", "term", "trunc", "first", "stack_reset")}
         for e, m in zip(order, mask):
             rec = envs.tick(e, tick) if m else dict(envs.history[e][-1] if envs.history[e] else DUMMY)
             if m and auto_reset == "same_step" and rec["done"]:
                 rec_reset = envs.tick(e, tick)  # the env resets in the same step
-                frame_id, final_id = rec_reset["frame_id"], rec["frame_id"]
+                frame_id, final_id, stack_reset = rec_reset["frame_id"], rec["frame_id"], rec_reset["stack_reset"]
             else:
                 frame_id = final_id = rec["frame_id"]
+                stack_reset = rec["stack_reset"]
+            rows["stack_reset"].append(stack_reset)
             rows["frame"].append(frame_id)
             rows["final"].append(final_id)
             rows["action"].append(rec["action"])
@@ -145,7 +158,7 @@ def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_rese
             rows["term"].append(rec["terminated"])
             rows["trunc"].append(rec["truncated"])
             rows["first"].append(rec["first"])
-        kw = dict(env_id=jnp.asarray(order, jnp.int32), mask=jnp.asarray(mask))
+        kw = dict(env_id=jnp.asarray(order, jnp.int32), mask=jnp.asarray(mask), stack_reset=jnp.asarray(rows["stack_reset"]))
         if auto_reset == "same_step":
             kw["final_frame"] = jnp.asarray(encode(rows["final"]))
         state = add(state, jnp.asarray(encode(rows["frame"])), jnp.asarray(rows["action"], jnp.int32),
@@ -153,12 +166,15 @@ def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_rese
                     jnp.asarray(rows["first"]), tick, **kw)
         if tick in (5, 40, 77, 119):
             expected = envs.expected(f, n, gamma)
-            assert int(state.num_valid) == len(expected)
+            assert int(state.num_valid) == len(expected) == int(np.asarray(state.valid).sum())
             assert bool(frame_replay.can_sample(state, max(1, len(expected))))
             if expected:
                 assert batch >= 3 * len(expected)  # stratified: every valid item is drawn
                 check_sample(sample(state, jax.random.key(tick), batch_size=batch), expected, batch)
     assert min(len(h) for h in envs.history) > 8 * f  # the rings wrapped many times
+    # both kinds of boundary occurred: stacks restarted, and stacks continued over a lost life
+    recs = [r for h in envs.history for r in h if r["first"]]
+    assert sum(r["stack_reset"] for r in recs) > 5 and sum(not r["stack_reset"] for r in recs) > 5
 
 
 def test_envpool_pong_frame_stacking_is_reproduced():

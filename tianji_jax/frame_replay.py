@@ -32,17 +32,20 @@ Input: one call per env step, a batch over envs (rows ``B``, env ids ``env_id``)
       ``frame=step.obs[:, -1]``, ``first=~step.valid`` (the reset step after a done, and the first
       obs after :meth:`reset`), ``terminated``/``truncated`` from the step, ``env_id=step.env_id``
       (async envpool batches hold a subset of envs), the actions sent for those envs, no
-      ``final_frame``. On a done step ``obs`` is already the true final observation.
+      ``final_frame``. On a done step ``obs`` is already the true final observation. With
+      ``episodic_life=True`` also pass ``stack_reset`` (see :func:`add`).
     * same-step auto-reset envs (gymnax, :class:`tianji_jax.envs.core.Timestep`): pass
-      ``frame=ts.obs[..., -1 frame]`` (the next episode's first frame on done steps) and
-      ``final_frame=`` the newest frame of ``ts.final_obs``; done rows then write two slots
+      ``frame=`` the newest frame of ``ts.obs`` (the next episode's first frame on done steps)
+      and ``final_frame=`` the newest frame of ``ts.final_obs``; done rows then write two slots
       (the final frame, then the new episode's first frame). Pass ``first=True`` for the initial
       reset frames.
 
 Episode boundaries: a stack that would reach back before its episode's first frame repeats that
 first frame, which is what envpool's frame stacking does at reset (checked with envpool 1.2.5
 Pong-v5 in ``tests/test_frame_replay.py``: the reset observation is four copies of the reset
-frame and each step shifts in one new frame). No frame of an earlier episode ever enters a stack.
+frame and each step shifts in one new frame). No frame of an earlier episode ever enters a stack
+-- except where the env itself keeps stacking across a reset (envpool's ``episodic_life``: see
+``stack_reset`` in :func:`add`); the rebuilt stacks always equal what the env showed the agent.
 
 Which transitions can be sampled: a start ``t`` (absolute step of env ``e``, whose frame is the
 newest of ``obs``) is *valid* iff (i) its frame is not an episode's final frame, (ii) the frames
@@ -81,11 +84,11 @@ from tianji_jax.algos.dqn import Transition
 __all__ = ["FrameReplayState", "FrameSample", "init", "add", "can_sample", "sample", "update_priorities",
            "frame_replay_bytes", "slots_per_env"]
 
-# per slot: action, reward, version, step_index, priority (4 bytes each) + first, terminated,
-# truncated, valid (1 byte each)
-_SLOT_META_BYTES = 24
-# scalars: max_priority
-_SCALAR_BYTES = 4
+# per slot: action, reward, version, step_index, priority (4 bytes each) + first, stack_start,
+# terminated, truncated, valid (1 byte each)
+_SLOT_META_BYTES = 25
+# scalars: max_priority, num_valid
+_SCALAR_BYTES = 8
 
 
 @struct.dataclass
@@ -101,7 +104,9 @@ class FrameReplayState:
         frames: ``(E, F, *frame_shape)`` frames (uint8 for Atari).
         action: ``(E, F)`` int32 action whose step produced the slot's frame.
         reward: ``(E, F)`` float32 reward of that step.
-        first: ``(E, F)`` bool, the frame is an episode's first frame.
+        first: ``(E, F)`` bool, the frame is an episode's first frame (no transition leads into it).
+        stack_start: ``(E, F)`` bool, the observation stack restarts at this frame (it is
+            repeated for the older stack positions); usually equal to ``first``.
         terminated: ``(E, F)`` bool, the frame is a terminal episode end.
         truncated: ``(E, F)`` bool, the frame is the last of a time-limited episode.
         policy_version: ``(E, F)`` int32 version that chose ``action``; -1 if unwritten.
@@ -112,6 +117,8 @@ class FrameReplayState:
         tree: :class:`~tianji_jax.sum_tree.SumTree` over the ``E * F`` slots (flat index
             ``e * F + k``), leaf ``valid * priority``.
         count: ``(E,)`` int32 steps written per env (next slot ``count % F``).
+        num_valid: ``()`` int32 transitions that can be sampled now (``sum(valid)``, kept
+            incrementally).
         max_priority: ``()`` float32 largest ``p^alpha`` seen so far (1 initially).
         stack: ``S`` frames per observation (static).
         n_step: ``n`` (static).
@@ -123,6 +130,7 @@ class FrameReplayState:
     action: jax.Array
     reward: jax.Array
     first: jax.Array
+    stack_start: jax.Array
     terminated: jax.Array
     truncated: jax.Array
     policy_version: jax.Array
@@ -131,6 +139,7 @@ class FrameReplayState:
     valid: jax.Array
     tree: sum_tree.SumTree
     count: jax.Array
+    num_valid: jax.Array
     max_priority: jax.Array
     stack: int = struct.field(pytree_node=False)
     n_step: int = struct.field(pytree_node=False)
@@ -146,11 +155,6 @@ class FrameReplayState:
     def slots_per_env(self) -> int:
         """``F``, frames held per env."""
         return self.frames.shape[1]
-
-    @property
-    def num_valid(self) -> jax.Array:
-        """``()`` int32, transitions that can be sampled now."""
-        return jnp.sum(self.valid, dtype=jnp.int32)
 
 
 @struct.dataclass
@@ -212,9 +216,9 @@ def slots_per_env(num_envs: int, capacity: int) -> int:
 
 def frame_replay_bytes(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84),
                        frame_dtype: Any = jnp.uint8) -> int:
-    """Bytes a :func:`init` buffer occupies: ``E F (frame bytes + 24) + sum-tree + 4 E + 4``.
+    """Bytes a :func:`init` buffer occupies: ``E F (frame bytes + 25) + sum-tree + 4 E + 8``.
 
-    With ``E F = 10^6`` Atari frames (84 x 84 uint8): ``7.06e9`` frame bytes + ``24e6`` metadata
+    With ``E F = 10^6`` Atari frames (84 x 84 uint8): ``7.06e9`` frame bytes + ``25e6`` metadata
     + ``16.8e6`` sum-tree = ``7.10e9`` bytes (6.61 GiB), against ``56.5e9`` (52.6 GiB) for
     :mod:`tianji_jax.replay` storing ``obs`` and ``next_obs`` stacks of 4 frames per transition:
     about 1/8.
@@ -265,6 +269,8 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
     n_step = _check_int("n_step", n_step, 1)
     f = slots_per_env(num_envs, capacity)
     shape = _check_frame_shape(frame_shape)
+    if num_envs * f > sum_tree.MAX_CAPACITY:
+        raise ValueError(f"capacity must be <= {sum_tree.MAX_CAPACITY} transitions, got {num_envs * f}")
     if f < stack + n_step:
         raise ValueError(f"capacity must be >= num_envs * (stack + n_step) = {num_envs * (stack + n_step)} "
                          f"so every env's ring holds a whole transition, got capacity={capacity}")
@@ -282,10 +288,10 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
 
     return FrameReplayState(
         frames=full(0, frame_dtype, (e, f, *shape)), action=full(0, jnp.int32), reward=full(0.0, jnp.float32),
-        first=full(False, bool), terminated=full(False, bool), truncated=full(False, bool),
+        first=full(False, bool), stack_start=full(False, bool), terminated=full(False, bool), truncated=full(False, bool),
         policy_version=full(-1, jnp.int32), step_index=full(-1, jnp.int32), priority=full(1.0, jnp.float32),
         valid=full(False, bool), tree=sum_tree.init(e * f, device=device), count=full(0, jnp.int32, (e,)),
-        max_priority=full(1.0, jnp.float32, ()), stack=stack, n_step=n_step, gamma=float(gamma),
+        num_valid=full(0, jnp.int32, ()), max_priority=full(1.0, jnp.float32, ()), stack=stack, n_step=n_step, gamma=float(gamma),
         prioritised=prioritised)
 
 
@@ -307,11 +313,11 @@ def _done(state, e, t):
 
 
 def _history(state: FrameReplayState, e: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(h, ok)``: frames back to the episode start, capped at ``S - 1``; all of them are held."""
+    """``(h, ok)``: frames back to the stack's start frame, capped at ``S - 1``; all of them are held."""
     s = state.stack
     h = jnp.full(t.shape, s - 1, jnp.int32)
     for j in reversed(range(s - 1)):  # the nearest first frame wins
-        h = jnp.where(_held(state, e, t - j) & _at(state.first, state, e, t - j), j, h)
+        h = jnp.where(_held(state, e, t - j) & _at(state.stack_start, state, e, t - j), j, h)
     return h, _held(state, e, t - h)  # frames t - h .. t are then all held (a contiguous range)
 
 
@@ -328,7 +334,7 @@ def _valid_start(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Arr
 
 
 def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the episode's first frame repeated before it."""
+    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the stack's start frame repeated before it."""
     h = _history(state, e, t)[0]
     back = jnp.arange(state.stack - 1, -1, -1, dtype=jnp.int32)  # S-1 .. 0: oldest first
     pos = t[:, None] - jnp.minimum(back[None, :], h[:, None])
@@ -339,12 +345,13 @@ def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
 # the buffer
 # ------------------------------------------------------------------------------------------------
 def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: jax.Array, reward: jax.Array,
-           terminated: jax.Array, truncated: jax.Array, first: jax.Array, version: jax.Array,
-           mask: jax.Array) -> FrameReplayState:
+           terminated: jax.Array, truncated: jax.Array, first: jax.Array, stack_start: jax.Array,
+           version: jax.Array, mask: jax.Array) -> FrameReplayState:
     """One slot per masked-in row; then refresh the validity of every start the write affects."""
     e_n, f = state.num_envs, state.slots_per_env
     t_new = state.count[env]
-    first = first | (t_new == 0)  # an env's first write always starts an episode
+    first = first | (t_new == 0)  # an env's first write always starts an episode and a stack
+    stack_start = stack_start | (t_new == 0)
     terminated, truncated = terminated & ~first, truncated & ~first
     ev = jnp.where(mask, env, e_n)  # out of bounds: dropped
     slot = t_new % f
@@ -354,7 +361,7 @@ def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: ja
 
     state = state.replace(
         frames=put(state.frames, frame), action=put(state.action, action), reward=put(state.reward, reward),
-        first=put(state.first, first), terminated=put(state.terminated, terminated),
+        first=put(state.first, first), stack_start=put(state.stack_start, stack_start), terminated=put(state.terminated, terminated),
         truncated=put(state.truncated, truncated), policy_version=put(state.policy_version, version),
         step_index=put(state.step_index, t_new), priority=put(state.priority, jnp.broadcast_to(
             state.max_priority if state.prioritised else 1.0, env.shape)),
@@ -368,9 +375,12 @@ def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: ja
     ok = _valid_start(state, es, ts)
     leaf = es * f + ts % f
     value = jnp.where(ok, _at(state.priority, state, es, ts), 0.0)
+    was = _at(state.valid, state, es, ts)
     valid = state.valid.at[jnp.where(touch, es, e_n), ts % f].set(ok, mode="drop")
+    # F >= S + n, so the touched starts of one row are distinct: the count changes by the flips
+    flips = jnp.sum(touch & ok, dtype=jnp.int32) - jnp.sum(touch & was, dtype=jnp.int32)
     tree = sum_tree.update(state.tree, leaf.reshape(-1), value.reshape(-1), touch.reshape(-1))
-    return state.replace(valid=valid, tree=tree)
+    return state.replace(valid=valid, tree=tree, num_valid=state.num_valid + flips)
 
 
 def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
@@ -382,7 +392,8 @@ def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
 
 def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: jax.Array, terminated: jax.Array,
         truncated: jax.Array, first: jax.Array, version: Any, *, final_frame: jax.Array | None = None,
-        env_id: jax.Array | None = None, mask: jax.Array | None = None) -> FrameReplayState:
+        stack_reset: jax.Array | None = None, env_id: jax.Array | None = None,
+        mask: jax.Array | None = None) -> FrameReplayState:
     """Record one env step for ``B`` envs (see the module docstring for the actor mapping).
 
     Each masked-in row writes its env's next ring slot (two slots for a done row when
@@ -403,6 +414,14 @@ def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: ja
         final_frame: optional ``(B, *frame_shape)`` for same-step auto-reset envs: where
             ``terminated | truncated``, ``final_frame`` is the episode's true last frame and
             ``frame`` the next episode's first one; both are written.
+        stack_reset: optional ``(B,)`` bool, the env's observation stack restarts at ``frame``
+            (``frame`` fills all ``S`` positions). Default: ``first`` (with ``final_frame``:
+            ``first | terminated | truncated``). It differs from ``first`` only for envs that
+            begin a new episode for learning without resetting their frame stack: envpool Atari
+            with ``episodic_life=True`` keeps stacking across a lost life (checked with envpool
+            1.2.5 Breakout-v5: the reset step after a life loss shifts one frame in, like any
+            step), so there pass ``stack_reset = ~valid & game_over`` where ``game_over`` is
+            whether the env's previous step ended the game (``HostStep.episode_length > 0``).
         env_id: optional ``(B,)`` int env of each row, distinct, in ``[0, E)``; default ``arange(E)``.
         mask: optional ``(B,)`` bool, False = skip the row.
 
@@ -430,21 +449,25 @@ def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: ja
     truncated = _rows("truncated", truncated, b, bool)
     first = _rows("first", first, b, bool)
     mask = jnp.ones((b,), bool) if mask is None else _rows("mask", mask, b, bool)
+    if stack_reset is not None:
+        stack_reset = _rows("stack_reset", stack_reset, b, bool)
     version = jnp.asarray(version)
     if not jnp.issubdtype(version.dtype, jnp.integer) or version.ndim > 1 or version.size not in (1, b):
         raise ValueError(f"version must be an int scalar or shape ({b},), got {version.dtype}{version.shape}")
     version = jnp.broadcast_to(version.astype(jnp.int32).reshape(-1), (b,))
     mask = mask & (env_id >= 0) & (env_id < state.num_envs)
     if final_frame is None:
-        return _write(state, env_id, frame, action, reward, terminated, truncated, first, version, mask)
+        sr = first if stack_reset is None else stack_reset
+        return _write(state, env_id, frame, action, reward, terminated, truncated, first, sr, version, mask)
     final_frame = jnp.asarray(final_frame)
     if final_frame.shape != frame.shape:
         raise ValueError(f"final_frame must have frame's shape {frame.shape}, got {final_frame.shape}")
     done = (terminated | truncated) & ~first
+    sr = (first | done) if stack_reset is None else stack_reset
     state = _write(state, env_id, jnp.where(done.reshape((b,) + (1,) * len(fshape)), final_frame, frame),
-                   action, reward, terminated, truncated, first, version, mask)
+                   action, reward, terminated, truncated, first, sr & ~done, version, mask)
     no = jnp.zeros((b,), bool)
-    return _write(state, env_id, frame, action, reward, no, no, jnp.ones((b,), bool), version, mask & done)
+    return _write(state, env_id, frame, action, reward, no, no, ~no, sr, version, mask & done)
 
 
 def can_sample(state: FrameReplayState, min_size: int) -> jax.Array:

@@ -71,7 +71,7 @@ __all__ = [
     "check_fits",
 ]
 
-_MAX_CAPACITY = 2**31 - 1
+_MAX_CAPACITY = sum_tree.MAX_CAPACITY  # 2^30: the sum-tree's int32 node indices
 # per-slot metadata: policy_version (int32) + insert_index (int32); priorities: sum_tree.nbytes
 _SLOT_META_BYTES = 8
 # scalars: max_priority, write_pos, size, num_inserted

@@ -35,8 +35,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["SumTree", "init", "nbytes", "leaves", "get", "total", "min_positive", "update", "find",
+__all__ = ["MAX_CAPACITY", "SumTree", "init", "nbytes", "leaves", "get", "total", "min_positive", "update", "find",
            "sample_stratified", "last_write_mask"]
+
+
+MAX_CAPACITY = 2**30
+"""Largest capacity: heap node indices (up to ``2 L``) must fit in int32."""
 
 
 def _num_leaves(capacity: int) -> int:
@@ -77,10 +81,10 @@ def init(capacity: int, *, device: Any = None) -> SumTree:
         device: where the arrays live; default JAX's default device.
 
     Raises:
-        ValueError: ``capacity`` is not an int ``>= 1``.
+        ValueError: ``capacity`` is not an int in ``[1, MAX_CAPACITY]``.
     """
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-        raise ValueError(f"capacity must be a Python int >= 1, got {capacity!r}")
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be a Python int in [1, {MAX_CAPACITY}], got {capacity!r}")
     n = 2 * _num_leaves(capacity)
     return SumTree(sums=jnp.zeros((n,), jnp.float32, device=device),
                    mins=jnp.full((n,), jnp.inf, jnp.float32, device=device), capacity=capacity)
