@@ -285,6 +285,11 @@ def test_argument_validation_names_the_field():
 # ------------------------------------------------------------------------------------------------
 # sum-tree (tianji_jax.sum_tree): exactness, duplicates, inverse CDF, stratification
 # ------------------------------------------------------------------------------------------------
+_tree_update_j = jax.jit(sum_tree.update)
+_tree_find_j = jax.jit(sum_tree.find)
+_tree_sample_j = jax.jit(sum_tree.sample_stratified, static_argnums=2)
+
+
 def _rebuild(leaf_values, num_leaves):
     """Reference: the float32 sum/min trees built bottom-up from scratch in numpy."""
     sums = np.zeros(2 * num_leaves, np.float32)
@@ -328,21 +333,16 @@ def test_sum_tree_million_float32_updates_stay_exact():
 
 def test_sum_tree_duplicate_indices_last_write_wins():
     tree = sum_tree.init(3)
-    tree = sum_tree.update(tree, jnp.array([2, 0, 2, 2, 1]), jnp.array([1.0, 4.0, 5.0, 3.0, 2.0]))
+    tree = _tree_update_j(tree, jnp.array([2, 0, 2, 2, 1]), jnp.array([1.0, 4.0, 5.0, 3.0, 2.0]))
     np.testing.assert_array_equal(sum_tree.leaves(tree), [4.0, 2.0, 3.0])  # slot 2: last of 1, 5, 3
     # an invalid later duplicate does not hide the valid earlier one; out-of-range indices are ignored
-    tree = sum_tree.update(tree, jnp.array([1, 1, 7, -1]), jnp.array([6.0, 9.0, 9.0, 9.0]),
-                           jnp.array([True, False, True, True]))
+    tree = _tree_update_j(tree, jnp.array([1, 1, 7, -1]), jnp.array([6.0, 9.0, 9.0, 9.0]),
+                          jnp.array([True, False, True, True]))
     np.testing.assert_array_equal(sum_tree.leaves(tree), [4.0, 6.0, 3.0])
     assert float(sum_tree.total(tree)) == 13.0 and float(sum_tree.min_positive(tree)) == 3.0
-    tree = sum_tree.update(tree, jnp.array([2, 0, 1]), jnp.zeros(3))
+    tree = _tree_update_j(tree, jnp.array([2, 0, 1]), jnp.zeros(3))
     assert float(sum_tree.total(tree)) == 0.0 and float(sum_tree.min_positive(tree)) == np.inf
-    np.testing.assert_array_equal(sum_tree.sample_stratified(tree, jax.random.key(0), 4), 0)
-
-
-_tree_update_j = jax.jit(sum_tree.update)
-_tree_find_j = jax.jit(sum_tree.find)
-_tree_sample_j = jax.jit(sum_tree.sample_stratified, static_argnums=2)
+    np.testing.assert_array_equal(_tree_sample_j(tree, jax.random.key(0), 4), 0)
 
 
 @settings(max_examples=25, deadline=None)
@@ -380,8 +380,8 @@ def test_sum_tree_matches_a_numpy_model(cap, updates, seed):
     assert (model[drawn] > 0).all() and (np.diff(drawn) >= 0).all()
 
 
-@settings(max_examples=10, deadline=None)
-@given(cap=st.sampled_from([1, 3, 4, 7, 12]), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=8, deadline=None)
+@given(cap=st.sampled_from([1, 3, 12]), seed=st.integers(0, 2**31 - 1))
 def test_buffer_filled_exactly_to_capacity_returns_all_items(cap, seed):
     """Single-item replay: a buffer filled exactly to capacity (3 included) samples every item it
     holds, uniformly and prioritised (stratified: each count is within 2 of B P(i), so with
