@@ -49,7 +49,7 @@ frame and each step shifts in one new frame). No frame of an earlier episode eve
 
 Which transitions can be sampled: a start ``t`` (absolute step of env ``e``, whose frame is the
 newest of ``obs``) is *valid* iff (i) its frame is not an episode's final frame, (ii) the frames
-its ``obs`` stack needs (back to ``t - S + 1`` or the episode's first frame) are still held, i.e.
+its ``obs`` stack needs (back to ``t - S + 1`` or the stack's start frame) are still held, i.e.
 not overwritten by the ring, and (iii) its lookahead is complete: the next ``m`` frames are
 written and in the same episode, ``m = n`` or fewer where the episode ended (terminated or
 truncated) at ``t + m``. Validity is kept per slot and every change of it (a write completes
@@ -519,12 +519,7 @@ def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float
     discount = jnp.where(_at(state.terminated, state, e, t + m), 0.0, disc)
     transition = Transition(obs=_stack(state, e, t), action=_at(state.action, state, e, t + 1), reward=ret,
                             discount=discount, next_obs=_stack(state, e, t + m))
-    total = sum_tree.total(state.tree)
-    empty = total <= 0
-    p_i = sum_tree.get(state.tree, idx)
-    probs = jnp.where(empty, 0.0, p_i / jnp.where(empty, 1.0, total))
-    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, sum_tree.min_positive(state.tree)))
-    weights = jnp.where(empty, 0.0, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)))
+    probs, weights = replay._probs_and_weights(state.tree, idx, beta)
     return FrameSample(transition=transition, indices=idx, env_id=e, step=t,
                        policy_version=_at(state.policy_version, state, e, t + 1), probs=probs, weights=weights)
 

@@ -446,15 +446,19 @@ def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta
     """
     b = _check_batch_size(batch_size)
     _check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
-    total = sum_tree.total(state.tree)
     idx = sum_tree.sample_stratified(state.tree, key, b)
+    return _gather(state, idx, *_probs_and_weights(state.tree, idx, beta))
+
+
+def _probs_and_weights(tree: sum_tree.SumTree, idx: jax.Array, beta: Any) -> tuple[jax.Array, jax.Array]:
+    """``P(i) = p_i / total`` and ``w_i = (p_i / p_min)^-beta`` of drawn slots (0 and 0 if empty)."""
+    total = sum_tree.total(tree)
     empty = total <= 0
-    p_i = sum_tree.get(state.tree, idx)
+    p_i = sum_tree.get(tree, idx)
     probs = jnp.where(empty, 0.0, p_i / jnp.where(empty, 1.0, total))
-    p_min = sum_tree.min_positive(state.tree)
-    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, p_min))
+    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, sum_tree.min_positive(tree)))
     weights = jnp.where(empty, 0.0, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)))
-    return _gather(state, idx, probs, weights)
+    return probs, weights
 
 
 def update_priorities(

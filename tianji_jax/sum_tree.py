@@ -176,7 +176,8 @@ def update(tree: SumTree, indices: jax.Array, values: jax.Array, valid: jax.Arra
                         mins.at[right].get(mode="fill", fill_value=jnp.inf))
         return sums.at[node].set(s, mode="drop"), mins.at[node].set(m, mode="drop"), node
 
-    sums, mins, _ = jax.lax.fori_loop(0, tree.depth, level, (sums, mins, node))
+    # unrolled: D <= 30 small steps; avoids a device while-loop per call on accelerators
+    sums, mins, _ = jax.lax.fori_loop(0, tree.depth, level, (sums, mins, node), unroll=True)
     return tree.replace(sums=sums, mins=mins)
 
 
@@ -201,7 +202,7 @@ def find(tree: SumTree, u: jax.Array) -> jax.Array:
         go_right = ((u >= left) & (right > 0)) | (left <= 0)
         return 2 * node + go_right.astype(jnp.int32), jnp.where(go_right, u - left, u)
 
-    node, _ = jax.lax.fori_loop(0, tree.depth, level, (jnp.ones(u.shape, jnp.int32), u))
+    node, _ = jax.lax.fori_loop(0, tree.depth, level, (jnp.ones(u.shape, jnp.int32), u), unroll=True)
     idx = node - tree.num_leaves
     return jnp.where(total(tree) > 0, jnp.minimum(idx, tree.capacity - 1), 0).astype(jnp.int32)
 
