@@ -294,6 +294,8 @@ def test_argument_validation_names_the_field():
     z = jnp.zeros((2,), bool)
     with pytest.raises(ValueError, match=r"frame must have shape \(B, 2, 2\)"):
         frame_replay.add(state, jnp.zeros((2, 3, 3), jnp.uint8), jnp.zeros(2, jnp.int32), jnp.zeros(2), z, z, z, 0)
+    with pytest.raises(ValueError, match="frame dtype float32 cannot be stored in a uint8 buffer"):
+        frame_replay.add(state, jnp.zeros((2, 2, 2)), jnp.zeros(2, jnp.int32), jnp.zeros(2), z, z, z, 0)
     with pytest.raises(ValueError, match="action must be integer"):
         frame_replay.add(state, jnp.zeros((2, 2, 2), jnp.uint8), jnp.zeros(2), jnp.zeros(2), z, z, z, 0)
     with pytest.raises(ValueError, match=r"reward must have shape \(2,\)"):

@@ -436,6 +436,8 @@ def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: ja
     fshape = state.frames.shape[2:]
     if frame.shape[1:] != fshape or frame.ndim == 0:
         raise ValueError(f"frame must have shape (B, {', '.join(map(str, fshape))}), got {frame.shape}")
+    if not jnp.can_cast(frame.dtype, state.frames.dtype, casting="same_kind"):
+        raise ValueError(f"frame dtype {frame.dtype} cannot be stored in a {state.frames.dtype} buffer")
     if env_id is None:
         if b != state.num_envs:
             raise ValueError(f"without env_id there must be one row per env ({state.num_envs}), got {b} rows")
