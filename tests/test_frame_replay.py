@@ -125,14 +125,15 @@ def check_sample(s, expected, batch):
     np.testing.assert_array_equal(s.weights, 1.0)
 
 
-@pytest.mark.parametrize("auto_reset", ["next_step", "same_step"])
-def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_reset):
-    """Rings of 11 frames (S=4, n=3) wrap ~10 times over random episodes (lengths 1-8, ending by
+@pytest.mark.parametrize("auto_reset,s_n,n,f", [("next_step", 4, 3, 11), ("same_step", 4, 3, 11),
+                                                 ("next_step", 1, 1, 2), ("next_step", 2, 2, 4)])
+def test_stacks_match_the_env_across_wraparound_and_episode_boundaries(auto_reset, s_n, n, f):
+    """Rings of 11 frames (S=4, n=3; also the smallest rings F = S + n) wrap ~10 times over random episodes (lengths 1-8, ending by
     termination, a lost life or truncation), with random envs skipping steps (async batches,
     permuted env_id).
     Next-step auto-reset (envpool): the reset step is its own row with first=True. Same-step
     (gymnax): the done row passes the final frame and the new first frame together."""
-    e_n, s_n, n, f, gamma, batch = 3, 4, 3, 11, 0.9, 512
+    e_n, gamma, batch = 3, 0.9, 512
     envs = StackingEnvs(e_n, s_n, seed=1)
     state = frame_replay.init(e_n, e_n * f, FRAME, stack=s_n, n_step=n, gamma=gamma)
     add = jax.jit(frame_replay.add, donate_argnums=0)
