@@ -102,8 +102,9 @@ def test_derived_sizes_describe_and_dict():
     assert config.num_gradient_steps == 28
     assert config.iterations_per_chunk == 10
     assert config.epsilon_decay_steps == 80
-    # obs (4,) float32 twice + action + reward + discount = 44 bytes, + 12 bytes of slot metadata
-    assert config.replay_bytes == 512 * (44 + 12) + 16
+    # obs (4,) float32 twice + action + reward + discount = 44 bytes, + 8 bytes of slot stamps,
+    # + the priority sum/min trees (2 x 2 x 512 leaves, float32) + 16 bytes of scalars
+    assert config.replay_bytes == 512 * (44 + 8) + 2 * 2 * 512 * 4 + 16
     text = config.describe()
     for part in ("Double DQN (3-step)", "CartPole-v1", "2 gradient update(s)", "512 transitions", "160 env steps"):
         assert part in text, part

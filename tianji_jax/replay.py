@@ -33,12 +33,12 @@ proportional variant, and section 3.4): ``p_i = (|delta_i| + eps)^alpha``,
 the number of stored items and the max taken over the whole buffer (as OpenAI baselines), so
 ``w_i = (p_i / p_min)^-beta`` lies in ``(0, 1]``; ``beta`` is annealed towards 1 by the caller.
 
-Sampling cost: uniform is ``O(B)``. Prioritised draws ``B`` i.i.d. samples by inverse CDF,
-``jnp.searchsorted(jnp.cumsum(priority), u)``: ``O(C)`` for the cumulative sum plus
-``O(B log C)`` for the searches, per call, on device. For ``C`` up to a few million this is
-memory-bandwidth bound and cheap next to a network update; a sum-tree (``O(B log C)``) would only
-pay off for much larger buffers. The cumsum is float32, so relative sampling probabilities are
-exact to about ``1e-7 * log2(C)``.
+Sampling cost: uniform is ``O(B)``. Prioritised sampling and priority updates go through a
+sum-tree (:mod:`tianji_jax.sum_tree`, Schaul et al. 2016 appendix B.2.1): ``O(B log C)`` each,
+stratified draws (one per ``1/B`` segment of the total), duplicate indices in an update resolved
+by "last write wins", and ancestors recomputed from their children so the float32 tree never
+drifts from its leaves. Adding ``B`` items also costs ``O(B log C)`` (their leaves get the max
+priority).
 
 Counters are int32: the insert counter wraps after 2^31 - 1 items (2.1e9 env steps).
 """
@@ -56,6 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tianji_jax import sum_tree
+
 __all__ = [
     "ReplayState",
     "ReplaySample",
@@ -69,9 +71,9 @@ __all__ = [
     "check_fits",
 ]
 
-_MAX_CAPACITY = 2**31 - 1
-# per-slot metadata: policy_version (int32) + insert_index (int32) + priority (float32)
-_SLOT_META_BYTES = 12
+_MAX_CAPACITY = sum_tree.MAX_CAPACITY  # 2^30: the sum-tree's int32 node indices
+# per-slot metadata: policy_version (int32) + insert_index (int32); priorities: sum_tree.nbytes
+_SLOT_META_BYTES = 8
 # scalars: max_priority, write_pos, size, num_inserted
 _SCALAR_BYTES = 16
 
@@ -84,7 +86,8 @@ class ReplayState:
         data: pytree like the example item, every leaf ``(C, *item_shape)`` of the item's dtype.
         policy_version: ``(C,)`` int32 version each stored item was acted with; -1 if unwritten.
         insert_index: ``(C,)`` int32 global insert counter of each stored item; -1 if unwritten.
-        priority: ``(C,)`` float32 ``p^alpha`` of each slot; 0 if unwritten.
+        tree: :class:`~tianji_jax.sum_tree.SumTree` over the ``C`` slots' ``p^alpha`` (0 if
+            unwritten); :attr:`priority` is its leaf level.
         max_priority: ``()`` float32 largest ``p^alpha`` seen so far (1 initially).
         write_pos: ``()`` int32 next slot to write, in ``[0, C)``.
         size: ``()`` int32 number of filled slots, in ``[0, C]``; filled slots are ``[0, size)``.
@@ -94,7 +97,7 @@ class ReplayState:
     data: Any
     policy_version: jax.Array
     insert_index: jax.Array
-    priority: jax.Array
+    tree: sum_tree.SumTree
     max_priority: jax.Array
     write_pos: jax.Array
     size: jax.Array
@@ -104,6 +107,11 @@ class ReplayState:
     def capacity(self) -> int:
         """``C``, static (from the shapes)."""
         return self.policy_version.shape[0]
+
+    @property
+    def priority(self) -> jax.Array:
+        """``(C,)`` float32 ``p^alpha`` of each slot; 0 if unwritten (the sum-tree's leaves)."""
+        return sum_tree.leaves(self.tree)
 
 
 @struct.dataclass
@@ -170,8 +178,9 @@ def _leaf_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
 def replay_bytes(example_item: Any, capacity: int) -> int:
     """Bytes a buffer of ``capacity`` items like ``example_item`` occupies on its device.
 
-    ``capacity * (sum of item leaf bytes + 12)`` plus 16: the 12 are the per-slot
-    ``policy_version``, ``insert_index`` and ``priority``. Dtypes are canonicalised as JAX
+    ``capacity * (sum of item leaf bytes + 8) + sum_tree.nbytes(capacity) + 16``: the 8 are the
+    per-slot ``policy_version`` and ``insert_index``, the sum/min trees take ``16 L`` bytes with
+    ``L = 2^ceil(log2 capacity)``, the 16 are the scalars. Dtypes are canonicalised as JAX
     stores them (float64 -> float32 unless x64 is enabled).
 
     Args:
@@ -192,7 +201,7 @@ def replay_bytes(example_item: Any, capacity: int) -> int:
     for leaf in leaves:
         shape, dtype = _leaf_spec(leaf)
         per_item += math.prod(shape) * dtype.itemsize
-    return capacity * (per_item + _SLOT_META_BYTES) + _SCALAR_BYTES
+    return capacity * (per_item + _SLOT_META_BYTES) + sum_tree.nbytes(capacity) + _SCALAR_BYTES
 
 
 def _free_host_bytes() -> int:
@@ -290,7 +299,7 @@ def init(example_item: Any, capacity: int, *, device: Any = None, check_memory: 
         data=jax.tree.map(zeros, example_item),
         policy_version=full((capacity,), -1, jnp.int32),
         insert_index=full((capacity,), -1, jnp.int32),
-        priority=full((capacity,), 0.0, jnp.float32),
+        tree=sum_tree.init(capacity, device=device),
         max_priority=full((), 1.0, jnp.float32),
         write_pos=full((), 0, jnp.int32),
         size=full((), 0, jnp.int32),
@@ -358,7 +367,7 @@ def add(state: ReplayState, items: Any, version: Any, mask: jax.Array | None = N
         data=jax.tree.unflatten(treedef, [write(buf, x) for buf, x in zip(buf_leaves, item_leaves)]),
         policy_version=write(state.policy_version, version),
         insert_index=write(state.insert_index, state.num_inserted + offset),
-        priority=write(state.priority, jnp.broadcast_to(state.max_priority, (b,))),
+        tree=sum_tree.update(state.tree, slots, jnp.broadcast_to(state.max_priority, (b,)), keep),
         max_priority=state.max_priority,
         write_pos=((state.write_pos + n_new) % cap).astype(jnp.int32),
         size=jnp.minimum(state.size + n_new, cap).astype(jnp.int32),
@@ -414,8 +423,11 @@ def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta
     """Proportional prioritised sampling with replacement (Schaul et al. 2016, sec. 3.3-3.4).
 
     Draws slot ``i`` with ``P(i) = p_i^alpha / sum_k p_k^alpha`` (the buffer stores ``p^alpha``)
-    by inverse CDF on ``cumsum(priority)``; unwritten slots have priority 0 and are never drawn,
-    nor are written slots whose priority is 0. ``O(C + B log C)`` per call.
+    from the sum-tree, stratified as in the paper's appendix B.2.1: the total is cut into ``B``
+    equal segments and one draw is taken uniformly in each (:func:`tianji_jax.sum_tree.sample_stratified`),
+    so the batch comes in slot order and each slot's count in it is within 2 of ``B P(i)``.
+    Unwritten slots have priority 0 and are never drawn, nor are written slots whose priority is
+    0. ``O(B log C)`` per call.
 
     Args:
         state: the buffer (check :func:`can_sample` first).
@@ -426,30 +438,27 @@ def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta
 
     Returns:
         :class:`ReplaySample` with ``probs = P(i)`` and
-        ``weights = (N P(i))^-beta / max_k (N P(k))^-beta = (p_i / p_min)^-beta``, ``N = size``.
+        ``weights = (N P(i))^-beta / max_k (N P(k))^-beta = (p_i / p_min)^-beta``, ``N = size``
+        (``p_min``, the smallest positive priority, is the root of the tree's min-tree).
 
     Raises:
         ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
     """
     b = _check_batch_size(batch_size)
     _check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
-    cap = state.capacity
-    p = state.priority
-    cdf = jnp.cumsum(p)
-    total = cdf[-1]
-    u = jax.random.uniform(key, (b,), jnp.float32) * total
-    idx = jnp.searchsorted(cdf, u, side="right").astype(jnp.int32)
-    # u can round up to ``total``; the draw then belongs to the last slot with positive priority
-    positive = p > 0
-    last_positive = (cap - 1 - jnp.argmax(positive[::-1])).astype(jnp.int32)
+    idx = sum_tree.sample_stratified(state.tree, key, b)
+    return _gather(state, idx, *_probs_and_weights(state.tree, idx, beta))
+
+
+def _probs_and_weights(tree: sum_tree.SumTree, idx: jax.Array, beta: Any) -> tuple[jax.Array, jax.Array]:
+    """``P(i) = p_i / total`` and ``w_i = (p_i / p_min)^-beta`` of drawn slots (0 and 0 if empty)."""
+    total = sum_tree.total(tree)
     empty = total <= 0
-    idx = jnp.where(empty, 0, jnp.minimum(idx, last_positive))
-    p_i = p[idx]
+    p_i = sum_tree.get(tree, idx)
     probs = jnp.where(empty, 0.0, p_i / jnp.where(empty, 1.0, total))
-    p_min = jnp.min(jnp.where(positive, p, jnp.inf))
-    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, p_min))
+    ratio = jnp.where(empty, 1.0, p_i / jnp.where(empty, 1.0, sum_tree.min_positive(tree)))
     weights = jnp.where(empty, 0.0, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)))
-    return _gather(state, idx, probs, weights)
+    return probs, weights
 
 
 def update_priorities(
@@ -462,9 +471,10 @@ def update_priorities(
 ) -> ReplayState:
     """Set ``priority[i] = (|td_i| + eps)^alpha`` for the sampled slots (Schaul et al. 2016).
 
-    Also raises ``max_priority`` (given to new items) to the largest new value. Duplicated
-    indices (sampling is with replacement) get one of their values; with the same params and data
-    these are equal. Indices outside the filled slots ``[0, size)`` are ignored. With
+    Also raises ``max_priority`` (given to new items) to the largest value written. Duplicated
+    indices (sampling is with replacement): the last one in batch order wins (deterministic, as
+    applying the updates one at a time; with the same params and data the values are equal
+    anyway). ``O(B log B + B log C)`` on the sum-tree. Indices outside the filled slots ``[0, size)`` are ignored. With
     ``insert_index`` (from the :class:`ReplaySample`), a slot overwritten by a newer item since it
     was sampled is left alone (asynchronous actors). Jit with ``donate_argnums=0``.
 
@@ -498,9 +508,9 @@ def update_priorities(
         if insert_index.shape != indices.shape:
             raise ValueError(f"insert_index must have shape {indices.shape}, got {insert_index.shape}")
         current = current & (state.insert_index[jnp.clip(indices, 0, state.capacity - 1)] == insert_index)
-    indices = jnp.where(current, indices, state.capacity)  # out of bounds: dropped
-    new_max = jnp.max(jnp.where(current, new_p, 0.0))
+    written = sum_tree.last_write_mask(indices, current)
+    new_max = jnp.max(jnp.where(written, new_p, 0.0))
     return state.replace(
-        priority=state.priority.at[indices].set(new_p, mode="drop"),
+        tree=sum_tree.update(state.tree, indices, new_p, written),
         max_priority=jnp.maximum(state.max_priority, new_max),
     )

@@ -1,0 +1,569 @@
+"""Frame-deduplicated replay for Atari-style stacked observations, as a small pure API.
+
+A DQN replay item for Atari is ``(obs, action, n-step reward, discount, next_obs)`` where ``obs``
+and ``next_obs`` are stacks of ``S = 4`` frames of ``84 x 84`` uint8. Stored naively every frame
+is kept ``2 S = 8`` times (in four ``obs`` stacks and four ``next_obs`` stacks). This buffer
+stores every frame once, per env, in a ring of single frames, and rebuilds both stacks at sample
+time by index arithmetic (as Dopamine's circular replay buffer and Mnih et al. 2015's replay
+memory do), so a 1M-transition Pong buffer takes about 6.6 GiB instead of 52.6 GiB (see
+:func:`frame_replay_bytes`)::
+
+    state = frame_replay.init(num_envs=8, capacity=1_000_000, frame_shape=(84, 84),
+                              stack=4, n_step=3, gamma=0.99, prioritised=True)
+    add = jax.jit(frame_replay.add, donate_argnums=0)
+    sample = jax.jit(frame_replay.sample, static_argnames="batch_size")
+    update = jax.jit(frame_replay.update_priorities, donate_argnums=0)
+
+    state = add(state, frame, action, reward, terminated, truncated, first, version)  # per env step
+    if frame_replay.can_sample(state, min_size=50_000):
+        s = sample(state, key, batch_size=32, beta=beta)   # s.transition: a dqn.Transition
+        ...
+        state = update(state, s.indices, s.step, td, alpha=0.6)
+
+Input: one call per env step, a batch over envs (rows ``B``, env ids ``env_id``) of
+    ``frame`` ``(B, H, W)`` -- the newest frame of the env's stacked observation (envpool:
+    ``obs[:, -1]``); ``action`` ``(B,)`` -- the action whose step produced ``frame``;
+    ``reward``, ``terminated``, ``truncated`` ``(B,)`` of that step; ``first`` ``(B,)`` -- True
+    where ``frame`` is the first frame of a new episode (its action/reward/flags are ignored);
+    ``version`` -- the policy version that chose ``action``; optional ``final_frame`` for
+    same-step auto-reset envs. Mapping for the actors of this library:
+
+    * envpool / gymnasium via :class:`tianji_jax.envs.host.HostStep` (next-step auto-reset): pass
+      ``frame=step.obs[:, -1]``, ``first=~step.valid`` (the reset step after a done, and the first
+      obs after :meth:`reset`), ``terminated``/``truncated`` from the step, ``env_id=step.env_id``
+      (async envpool batches hold a subset of envs), the actions sent for those envs, no
+      ``final_frame``. On a done step ``obs`` is already the true final observation. With
+      ``episodic_life=True`` also pass ``stack_reset`` (see :func:`add`).
+    * same-step auto-reset envs (gymnax, :class:`tianji_jax.envs.core.Timestep`): pass
+      ``frame=`` the newest frame of ``ts.obs`` (the next episode's first frame on done steps)
+      and ``final_frame=`` the newest frame of ``ts.final_obs``; done rows then write two slots
+      (the final frame, then the new episode's first frame). Pass ``first=True`` for the initial
+      reset frames.
+
+Episode boundaries: a stack that would reach back before its episode's first frame repeats that
+first frame, which is what envpool's frame stacking does at reset (checked with envpool 1.2.5
+Pong-v5 in ``tests/test_frame_replay.py``: the reset observation is four copies of the reset
+frame and each step shifts in one new frame). No frame of an earlier episode ever enters a stack
+-- except where the env itself keeps stacking across a reset (envpool's ``episodic_life``: see
+``stack_reset`` in :func:`add`); the rebuilt stacks always equal what the env showed the agent.
+
+Which transitions can be sampled: a start ``t`` (absolute step of env ``e``, whose frame is the
+newest of ``obs``) is *valid* iff (i) its frame is not an episode's final frame, (ii) the frames
+its ``obs`` stack needs (back to ``t - S + 1`` or the stack's start frame) are still held, i.e.
+not overwritten by the ring, and (iii) its lookahead is complete: the next ``m`` frames are
+written and in the same episode, ``m = n`` or fewer where the episode ended (terminated or
+truncated) at ``t + m``. Validity is kept per slot and every change of it (a write completes
+lookaheads of the ``n`` previous starts, and overwrites the history of the oldest ``S - 1``) is
+pushed into one sum-tree (:mod:`tianji_jax.sum_tree`) whose leaf is ``valid * priority`` (or
+``valid * 1`` for a uniform buffer), so sampling never returns an invalid start and costs
+``O(B log C)``.
+
+n-step transitions (Hessel et al. 2018, as :func:`tianji_jax.algos.dqn.n_step_transitions`):
+``reward = sum_{j<m} gamma^j r_{t+j}``, ``discount = gamma^m`` or 0 where the episode terminated
+at ``t + m``, ``next_obs`` = the stack ending at frame ``t + m`` (the true final frame at a
+truncation).
+
+Stamps: each transition carries the policy version that chose its action (``policy_version``)
+and its identity ``(env_id, step)`` so priority updates skip starts overwritten since sampling.
+Counters are int32 per env (``2^31`` steps per env).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from tianji_jax import replay, sum_tree
+from tianji_jax.algos.dqn import Transition
+
+__all__ = ["FrameReplayState", "FrameSample", "init", "add", "can_sample", "sample", "update_priorities",
+           "frame_replay_bytes", "slots_per_env"]
+
+# per slot: action, reward, version, step_index, priority (4 bytes each) + first, stack_start,
+# terminated, truncated, valid (1 byte each)
+_SLOT_META_BYTES = 25
+# scalars: max_priority, num_valid
+_SCALAR_BYTES = 8
+
+
+@struct.dataclass
+class FrameReplayState:
+    """The buffer's state: per env a ring of ``F`` slots; a pytree (static config in the treedef).
+
+    Slot ``k`` of env ``e`` holds absolute step ``step_index[e, k]`` of that env (``-1`` if never
+    written): its frame, and the step that *produced* that frame (action, reward, flags, the
+    version that chose the action). The transition *starting* at slot ``k`` uses the frame stack
+    ending at ``k`` and the actions/rewards stored on the following slots.
+
+    Attributes:
+        frames: ``(E, F, *frame_shape)`` frames (uint8 for Atari).
+        action: ``(E, F)`` int32 action whose step produced the slot's frame.
+        reward: ``(E, F)`` float32 reward of that step.
+        first: ``(E, F)`` bool, the frame is an episode's first frame (no transition leads into it).
+        stack_start: ``(E, F)`` bool, the observation stack restarts at this frame (it is
+            repeated for the older stack positions); usually equal to ``first``.
+        terminated: ``(E, F)`` bool, the frame is a terminal episode end.
+        truncated: ``(E, F)`` bool, the frame is the last of a time-limited episode.
+        policy_version: ``(E, F)`` int32 version that chose ``action``; -1 if unwritten.
+        step_index: ``(E, F)`` int32 absolute step (per-env write counter) of the slot; -1 if unwritten.
+        priority: ``(E, F)`` float32 ``p^alpha`` of the transition starting at the slot (new:
+            ``max_priority``); all 1 and unused in a uniform buffer.
+        valid: ``(E, F)`` bool, the transition starting at the slot can be sampled (module doc).
+        tree: :class:`~tianji_jax.sum_tree.SumTree` over the ``E * F`` slots (flat index
+            ``e * F + k``), leaf ``valid * priority``.
+        count: ``(E,)`` int32 steps written per env (next slot ``count % F``).
+        num_valid: ``()`` int32 transitions that can be sampled now (``sum(valid)``, kept
+            incrementally).
+        max_priority: ``()`` float32 largest ``p^alpha`` seen so far (1 initially).
+        stack: ``S`` frames per observation (static).
+        n_step: ``n`` (static).
+        gamma: discount in [0, 1] (static).
+        prioritised: sample proportionally to priority (static); False = uniform.
+    """
+
+    frames: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    first: jax.Array
+    stack_start: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    policy_version: jax.Array
+    step_index: jax.Array
+    priority: jax.Array
+    valid: jax.Array
+    tree: sum_tree.SumTree
+    count: jax.Array
+    num_valid: jax.Array
+    max_priority: jax.Array
+    stack: int = struct.field(pytree_node=False)
+    n_step: int = struct.field(pytree_node=False)
+    gamma: float = struct.field(pytree_node=False)
+    prioritised: bool = struct.field(pytree_node=False)
+
+    @property
+    def num_envs(self) -> int:
+        """``E``."""
+        return self.frames.shape[0]
+
+    @property
+    def slots_per_env(self) -> int:
+        """``F``, frames held per env."""
+        return self.frames.shape[1]
+
+
+@struct.dataclass
+class FrameSample:
+    """A sampled batch of ``B`` n-step transitions (with replacement).
+
+    Attributes:
+        transition: :class:`~tianji_jax.algos.dqn.Transition` with ``obs`` and ``next_obs``
+            ``(B, S, *frame_shape)`` (oldest frame first, as envpool stacks), ``action`` int32,
+            ``reward`` / ``discount`` float32, all ``(B,)``.
+        indices: ``(B,)`` int32 flat slot ``e * F + k`` (for :func:`update_priorities`).
+        env_id: ``(B,)`` int32 env of each transition.
+        step: ``(B,)`` int32 absolute step of its start frame in that env (its identity).
+        policy_version: ``(B,)`` int32 version that chose ``action`` (learner lag = v - this).
+        probs: ``(B,)`` float32 probability of drawing that slot (``1 / num_valid`` uniform).
+        weights: ``(B,)`` float32 importance weights ``(p_i / p_min)^-beta`` in ``(0, 1]``
+            (1 for a uniform buffer). Where nothing is valid, probs and weights are 0 and the
+            transition is garbage -- check :func:`can_sample` first.
+    """
+
+    transition: Transition
+    indices: jax.Array
+    env_id: jax.Array
+    step: jax.Array
+    policy_version: jax.Array
+    probs: jax.Array
+    weights: jax.Array
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes and validation
+# ------------------------------------------------------------------------------------------------
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+        raise ValueError(f"{name} must be a Python int >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _check_frame_shape(frame_shape: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in frame_shape)
+    except TypeError:
+        shape = None
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"frame_shape must be a non-empty tuple of ints >= 1 (e.g. (84, 84)), got {frame_shape!r}")
+    return shape
+
+
+def slots_per_env(num_envs: int, capacity: int) -> int:
+    """``F = ceil(capacity / num_envs)``: frames (slots) per env ring; the buffer holds ``E * F``.
+
+    Raises:
+        ValueError: ``num_envs`` or ``capacity`` not an int ``>= 1``.
+    """
+    num_envs = _check_int("num_envs", num_envs, 1)
+    capacity = _check_int("capacity", capacity, 1)
+    return -(-capacity // num_envs)
+
+
+def frame_replay_bytes(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84),
+                       frame_dtype: Any = jnp.uint8) -> int:
+    """Bytes a :func:`init` buffer occupies: ``E F (frame bytes + 25) + sum-tree + 4 E + 8``.
+
+    With ``E F = 10^6`` Atari frames (84 x 84 uint8): ``7.06e9`` frame bytes + ``25e6`` metadata
+    + ``16.8e6`` sum-tree = ``7.10e9`` bytes (6.61 GiB), against ``56.5e9`` (52.6 GiB) for
+    :mod:`tianji_jax.replay` storing ``obs`` and ``next_obs`` stacks of 4 frames per transition:
+    about 1/8.
+
+    Args:
+        num_envs: ``E >= 1``.
+        capacity: transitions (frames) in total, ``>= 1``; rounded up to ``E * F``.
+        frame_shape: shape of one frame.
+        frame_dtype: dtype of one frame.
+
+    Raises:
+        ValueError: bad ``num_envs``, ``capacity`` or ``frame_shape``.
+    """
+    f = slots_per_env(num_envs, capacity)
+    shape = _check_frame_shape(frame_shape)
+    n = num_envs * f
+    frame = math.prod(shape) * np.dtype(frame_dtype).itemsize
+    return n * (frame + _SLOT_META_BYTES) + sum_tree.nbytes(n) + 4 * num_envs + _SCALAR_BYTES
+
+
+def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), *, stack: int = 4,
+         n_step: int = 1, gamma: float = 0.99, prioritised: bool = False, frame_dtype: Any = jnp.uint8,
+         device: Any = None, check_memory: bool = True) -> FrameReplayState:
+    """Allocate an empty buffer of ``num_envs`` rings of ``ceil(capacity / num_envs)`` frames.
+
+    Eager (outside ``jit``) when ``check_memory``: :func:`tianji_jax.replay.check_fits` runs on
+    :func:`frame_replay_bytes` first, so an oversized buffer raises ``MemoryError`` before XLA
+    allocates anything.
+
+    Args:
+        num_envs: ``E``, envs that feed the buffer (``env_id`` in ``[0, E)``).
+        capacity: total transitions, ``>= E * (stack + n_step)`` so each ring can hold one
+            sampleable transition (``F > S + n - 1``).
+        frame_shape: one frame's shape, ``(84, 84)`` for Atari.
+        stack: ``S >= 1`` frames per observation (4 for Atari, as envpool's ``stack_num``).
+        n_step: ``n >= 1`` steps of n-step returns.
+        gamma: discount in [0, 1].
+        prioritised: proportional prioritised sampling (Schaul et al. 2016) instead of uniform.
+        frame_dtype: frame dtype (uint8 for Atari).
+        device: where the state lives; default JAX's default device.
+        check_memory: run the memory check.
+
+    Raises:
+        ValueError: a bad argument (the message names it and the allowed values).
+        MemoryError: the buffer would not fit (see :func:`tianji_jax.replay.check_fits`).
+    """
+    stack = _check_int("stack", stack, 1)
+    n_step = _check_int("n_step", n_step, 1)
+    f = slots_per_env(num_envs, capacity)
+    shape = _check_frame_shape(frame_shape)
+    if num_envs * f > sum_tree.MAX_CAPACITY:
+        raise ValueError(f"capacity must be <= {sum_tree.MAX_CAPACITY} transitions, got {num_envs * f}")
+    if f < stack + n_step:
+        raise ValueError(f"capacity must be >= num_envs * (stack + n_step) = {num_envs * (stack + n_step)} "
+                         f"so every env's ring holds a whole transition, got capacity={capacity}")
+    if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be a Python float in [0, 1], got {gamma!r}")
+    if not isinstance(prioritised, bool):
+        raise ValueError(f"prioritised must be a bool, got {prioritised!r}")
+    nbytes = frame_replay_bytes(num_envs, capacity, shape, frame_dtype)
+    if check_memory:
+        replay.check_fits(nbytes, device)
+    e = num_envs
+
+    def full(value, dtype, shape=(e, f)):
+        return jnp.full(shape, value, dtype, device=device)
+
+    return FrameReplayState(
+        frames=full(0, frame_dtype, (e, f, *shape)), action=full(0, jnp.int32), reward=full(0.0, jnp.float32),
+        first=full(False, bool), stack_start=full(False, bool), terminated=full(False, bool), truncated=full(False, bool),
+        policy_version=full(-1, jnp.int32), step_index=full(-1, jnp.int32), priority=full(1.0, jnp.float32),
+        valid=full(False, bool), tree=sum_tree.init(e * f, device=device), count=full(0, jnp.int32, (e,)),
+        num_valid=full(0, jnp.int32, ()), max_priority=full(1.0, jnp.float32, ()), stack=stack, n_step=n_step, gamma=float(gamma),
+        prioritised=prioritised)
+
+
+# ------------------------------------------------------------------------------------------------
+# index arithmetic (all on absolute per-env steps ``t``; slot = t mod F)
+# ------------------------------------------------------------------------------------------------
+def _held(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """Absolute step ``t`` of env ``e`` is written and not yet overwritten."""
+    w = state.count[e]
+    return (t >= 0) & (t >= w - state.slots_per_env) & (t < w)
+
+
+def _at(arr: jax.Array, state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    return arr[e, t % state.slots_per_env]
+
+
+def _done(state, e, t):
+    return _at(state.terminated, state, e, t) | _at(state.truncated, state, e, t)
+
+
+def _history(state: FrameReplayState, e: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(h, ok)``: frames back to the stack's start frame, capped at ``S - 1``; all of them are held."""
+    s = state.stack
+    h = jnp.full(t.shape, s - 1, jnp.int32)
+    for j in reversed(range(s - 1)):  # the nearest first frame wins
+        h = jnp.where(_held(state, e, t - j) & _at(state.stack_start, state, e, t - j), j, h)
+    return h, _held(state, e, t - h)  # frames t - h .. t are then all held (a contiguous range)
+
+
+def _valid_start(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """The transition starting at absolute step ``t`` of env ``e`` can be sampled (module doc)."""
+    ok = _held(state, e, t) & ~_done(state, e, t)
+    ok &= _history(state, e, t)[1]
+    ended = jnp.zeros(t.shape, bool)
+    for j in range(1, state.n_step + 1):
+        held = _held(state, e, t + j)
+        ok &= ended | (held & ~_at(state.first, state, e, t + j))
+        ended |= held & _done(state, e, t + j)
+    return ok
+
+
+def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the stack's start frame repeated before it."""
+    h = _history(state, e, t)[0]
+    back = jnp.arange(state.stack - 1, -1, -1, dtype=jnp.int32)  # S-1 .. 0: oldest first
+    pos = t[:, None] - jnp.minimum(back[None, :], h[:, None])
+    return state.frames[e[:, None], pos % state.slots_per_env]
+
+
+# ------------------------------------------------------------------------------------------------
+# the buffer
+# ------------------------------------------------------------------------------------------------
+def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: jax.Array, reward: jax.Array,
+           terminated: jax.Array, truncated: jax.Array, first: jax.Array, stack_start: jax.Array,
+           version: jax.Array, mask: jax.Array) -> FrameReplayState:
+    """One slot per masked-in row; then refresh the validity of every start the write affects."""
+    e_n, f = state.num_envs, state.slots_per_env
+    t_new = state.count[env]
+    first = first | (t_new == 0)  # an env's first write always starts an episode and a stack
+    stack_start = stack_start | (t_new == 0)
+    terminated, truncated = terminated & ~first, truncated & ~first
+    ev = jnp.where(mask, env, e_n)  # out of bounds: dropped
+    slot = t_new % f
+
+    def put(arr, x):
+        return arr.at[ev, slot].set(x.astype(arr.dtype), mode="drop")
+
+    state = state.replace(
+        frames=put(state.frames, frame), action=put(state.action, action), reward=put(state.reward, reward),
+        first=put(state.first, first), stack_start=put(state.stack_start, stack_start), terminated=put(state.terminated, terminated),
+        truncated=put(state.truncated, truncated), policy_version=put(state.policy_version, version),
+        step_index=put(state.step_index, t_new), priority=put(state.priority, jnp.broadcast_to(
+            state.max_priority if state.prioritised else 1.0, env.shape)),
+        count=state.count.at[ev].add(1, mode="drop"))
+    # starts whose validity may change: the new one and the n before it (lookahead), and the S - 1
+    # oldest held ones (their history lost the overwritten frame t_new - F)
+    offsets = jnp.concatenate([-jnp.arange(state.n_step + 1), -f + 1 + jnp.arange(state.stack - 1)]).astype(jnp.int32)
+    ts = t_new[:, None] + offsets[None, :]
+    es = jnp.broadcast_to(env[:, None], ts.shape)
+    touch = mask[:, None] & _held(state, es, ts)  # held starts of one env are distinct slots
+    ok = _valid_start(state, es, ts)
+    leaf = es * f + ts % f
+    value = jnp.where(ok, _at(state.priority, state, es, ts), 0.0)
+    was = _at(state.valid, state, es, ts)
+    valid = state.valid.at[jnp.where(touch, es, e_n), ts % f].set(ok, mode="drop")
+    # F >= S + n, so the touched starts of one row are distinct: the count changes by the flips
+    flips = jnp.sum(touch & ok, dtype=jnp.int32) - jnp.sum(touch & was, dtype=jnp.int32)
+    tree = sum_tree.update(state.tree, leaf.reshape(-1), value.reshape(-1), touch.reshape(-1))
+    return state.replace(valid=valid, tree=tree, num_valid=state.num_valid + flips)
+
+
+def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
+    x = jnp.asarray(x)
+    if x.shape != (b,):
+        raise ValueError(f"{name} must have shape ({b},) (one entry per row), got {x.shape}")
+    return x if dtype is None else x.astype(dtype)
+
+
+def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: jax.Array, terminated: jax.Array,
+        truncated: jax.Array, first: jax.Array, version: Any, *, final_frame: jax.Array | None = None,
+        stack_reset: jax.Array | None = None, env_id: jax.Array | None = None,
+        mask: jax.Array | None = None) -> FrameReplayState:
+    """Record one env step for ``B`` envs (see the module docstring for the actor mapping).
+
+    Each masked-in row writes its env's next ring slot (two slots for a done row when
+    ``final_frame`` is given), overwriting that env's oldest frame once its ring is full, and
+    refreshes which starts can be sampled. ``O(B (S + n) log C)``. Jit with ``donate_argnums=0``.
+
+    Args:
+        state: the buffer.
+        frame: ``(B, *frame_shape)`` the newest frame of each env's observation after this step
+            (envpool: ``obs[:, -1]``); cast to the buffer's dtype.
+        action: ``(B,)`` int action whose step produced ``frame`` (ignored where ``first``).
+        reward: ``(B,)`` float reward of that step (ignored where ``first``).
+        terminated: ``(B,)`` bool, ``frame`` ends the episode in a terminal state.
+        truncated: ``(B,)`` bool, ``frame`` ends the episode by a time limit.
+        first: ``(B,)`` bool, ``frame`` is the first frame of a new episode (a reset; an env's
+            first write is always treated as one). Envpool: ``~HostStep.valid``.
+        version: int policy version that chose ``action``, scalar or ``(B,)``.
+        final_frame: optional ``(B, *frame_shape)`` for same-step auto-reset envs: where
+            ``terminated | truncated``, ``final_frame`` is the episode's true last frame and
+            ``frame`` the next episode's first one; both are written.
+        stack_reset: optional ``(B,)`` bool, the env's observation stack restarts at ``frame``
+            (``frame`` fills all ``S`` positions). Default: ``first`` (with ``final_frame``:
+            ``first | terminated | truncated``). It differs from ``first`` only for envs that
+            begin a new episode for learning without resetting their frame stack: envpool Atari
+            with ``episodic_life=True`` keeps stacking across a lost life (checked with envpool
+            1.2.5 Breakout-v5: the reset step after a life loss shifts one frame in, like any
+            step), so there pass ``stack_reset = ~valid & game_over`` where ``game_over`` is
+            whether the env's previous step ended the game (``HostStep.episode_length > 0``).
+        env_id: optional ``(B,)`` int env of each row, distinct, in ``[0, E)``; default ``arange(E)``.
+        mask: optional ``(B,)`` bool, False = skip the row.
+
+    Returns:
+        the new :class:`FrameReplayState`.
+
+    Raises:
+        ValueError: a field has the wrong shape or dtype kind (the message names it).
+    """
+    frame = jnp.asarray(frame)
+    b = frame.shape[0] if frame.ndim else 0
+    fshape = state.frames.shape[2:]
+    if frame.shape[1:] != fshape or frame.ndim == 0:
+        raise ValueError(f"frame must have shape (B, {', '.join(map(str, fshape))}), got {frame.shape}")
+    if not jnp.can_cast(frame.dtype, state.frames.dtype, casting="same_kind"):
+        raise ValueError(f"frame dtype {frame.dtype} cannot be stored in a {state.frames.dtype} buffer")
+    if env_id is None:
+        if b != state.num_envs:
+            raise ValueError(f"without env_id there must be one row per env ({state.num_envs}), got {b} rows")
+        env_id = jnp.arange(b, dtype=jnp.int32)
+    env_id = _rows("env_id", env_id, b, jnp.int32)
+    action = _rows("action", action, b)
+    if not jnp.issubdtype(action.dtype, jnp.integer):
+        raise ValueError(f"action must be integer (discrete actions), got {action.dtype}")
+    reward = _rows("reward", reward, b, jnp.float32)
+    terminated = _rows("terminated", terminated, b, bool)
+    truncated = _rows("truncated", truncated, b, bool)
+    first = _rows("first", first, b, bool)
+    mask = jnp.ones((b,), bool) if mask is None else _rows("mask", mask, b, bool)
+    if stack_reset is not None:
+        stack_reset = _rows("stack_reset", stack_reset, b, bool)
+    version = jnp.asarray(version)
+    if not jnp.issubdtype(version.dtype, jnp.integer) or version.ndim > 1 or version.size not in (1, b):
+        raise ValueError(f"version must be an int scalar or shape ({b},), got {version.dtype}{version.shape}")
+    version = jnp.broadcast_to(version.astype(jnp.int32).reshape(-1), (b,))
+    mask = mask & (env_id >= 0) & (env_id < state.num_envs)
+    if final_frame is None:
+        sr = first if stack_reset is None else stack_reset
+        return _write(state, env_id, frame, action, reward, terminated, truncated, first, sr, version, mask)
+    final_frame = jnp.asarray(final_frame)
+    if final_frame.shape != frame.shape:
+        raise ValueError(f"final_frame must have frame's shape {frame.shape}, got {final_frame.shape}")
+    done = (terminated | truncated) & ~first
+    sr = (first | done) if stack_reset is None else stack_reset
+    state = _write(state, env_id, jnp.where(done.reshape((b,) + (1,) * len(fshape)), final_frame, frame),
+                   action, reward, terminated, truncated, first, sr & ~done, version, mask)
+    no = jnp.zeros((b,), bool)
+    return _write(state, env_id, frame, action, reward, no, no, ~no, sr, version, mask & done)
+
+
+def can_sample(state: FrameReplayState, min_size: int) -> jax.Array:
+    """``()`` bool: at least ``min_size`` transitions can be sampled (``min_size >= 1``).
+
+    Raises:
+        ValueError: ``min_size < 1`` (when concrete).
+    """
+    replay._check_number("min_size", min_size, 1, math.inf, "an int >= 1")
+    return state.num_valid >= min_size
+
+
+def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float = 0.0) -> FrameSample:
+    """Draw ``B`` valid transitions, stratified over the sum-tree (Schaul et al. 2016, B.2.1).
+
+    Uniform buffer: each valid start with probability ``1 / num_valid``. Prioritised buffer:
+    ``P(i) = p_i^alpha / sum_k p_k^alpha`` over the valid starts, importance weights
+    ``(p_i / p_min)^-beta`` (as :func:`tianji_jax.replay.sample_prioritised`). Both stacks are
+    rebuilt from the rings. ``O(B (log C + S + n))`` plus copying ``2 B S`` frames.
+
+    Args:
+        state: the buffer (check :func:`can_sample` first).
+        key: PRNG key.
+        batch_size: ``B >= 1``, static Python int.
+        beta: importance-sampling exponent in [0, 1] (no effect on a uniform buffer).
+
+    Returns:
+        :class:`FrameSample`.
+
+    Raises:
+        ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
+    """
+    b = replay._check_batch_size(batch_size)
+    replay._check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
+    f = state.slots_per_env
+    idx = sum_tree.sample_stratified(state.tree, key, b)
+    e, k = idx // f, idx % f
+    t = state.step_index[e, k]
+    # n-step return along the episode (validity guarantees t + 1 .. t + m are held)
+    ret = jnp.zeros((b,), jnp.float32)
+    disc = jnp.ones((b,), jnp.float32)
+    m = jnp.zeros((b,), jnp.int32)
+    alive = jnp.ones((b,), bool)
+    for j in range(1, state.n_step + 1):
+        ret = jnp.where(alive, ret + disc * _at(state.reward, state, e, t + j), ret)
+        disc = jnp.where(alive, disc * state.gamma, disc)
+        m = jnp.where(alive, j, m)
+        alive &= ~_done(state, e, t + j)
+    discount = jnp.where(_at(state.terminated, state, e, t + m), 0.0, disc)
+    transition = Transition(obs=_stack(state, e, t), action=_at(state.action, state, e, t + 1), reward=ret,
+                            discount=discount, next_obs=_stack(state, e, t + m))
+    probs, weights = replay._probs_and_weights(state.tree, idx, beta)
+    return FrameSample(transition=transition, indices=idx, env_id=e, step=t,
+                       policy_version=_at(state.policy_version, state, e, t + 1), probs=probs, weights=weights)
+
+
+def update_priorities(state: FrameReplayState, indices: jax.Array, step: jax.Array, td_errors: jax.Array,
+                      alpha: float = 0.6, eps: float = 1e-6) -> FrameReplayState:
+    """Set ``p^alpha = (|td| + eps)^alpha`` of sampled transitions (Schaul et al. 2016).
+
+    Rows whose slot now holds another step (overwritten since sampling) or is no longer valid
+    are skipped; duplicated indices: the last one wins (:func:`tianji_jax.sum_tree.update`).
+    Raises ``max_priority`` to the largest value written. ``O(B log C)``. Jit with
+    ``donate_argnums=0``.
+
+    Args:
+        state: a prioritised buffer.
+        indices: ``(B,)`` int ``FrameSample.indices``.
+        step: ``(B,)`` int ``FrameSample.step``.
+        td_errors: ``(B,)`` float TD errors (sign ignored).
+        alpha: priority exponent ``>= 0``; keep it constant over training.
+        eps: ``>= 0`` floor.
+
+    Raises:
+        ValueError: the buffer is uniform; shapes not ``(B,)``; ``alpha`` / ``eps`` < 0.
+    """
+    if not state.prioritised:
+        raise ValueError("update_priorities needs a buffer made with init(..., prioritised=True)")
+    replay._check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
+    replay._check_number("eps", eps, 0.0, math.inf, ">= 0")
+    indices = jnp.asarray(indices, jnp.int32)
+    b = indices.shape[0] if indices.ndim == 1 else -1
+    if b < 0:
+        raise ValueError(f"indices must have shape (B,), got {indices.shape}")
+    step = _rows("step", step, b, jnp.int32)
+    td = _rows("td_errors", td_errors, b, jnp.float32)
+    f, n = state.slots_per_env, state.num_envs * state.slots_per_env
+    inside = (indices >= 0) & (indices < n)
+    safe = jnp.where(inside, indices, 0)
+    e, k = safe // f, safe % f
+    current = inside & (state.step_index[e, k] == step) & state.valid[e, k]
+    written = sum_tree.last_write_mask(indices, current)
+    new_p = jnp.power(jnp.abs(td) + eps, alpha)
+    return state.replace(
+        priority=state.priority.at[jnp.where(written, e, state.num_envs), k].set(new_p, mode="drop"),
+        tree=sum_tree.update(state.tree, indices, new_p, written),
+        max_priority=jnp.maximum(state.max_priority, jnp.max(jnp.where(written, new_p, 0.0))))
