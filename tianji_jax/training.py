@@ -579,9 +579,13 @@ def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True) -> An
     """An abstract (``jax.eval_shape``) train state of ``config``."""
     key = jax.random.PRNGKey(config.seed)
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import make_dqn_train
+        from tianji_jax.runtime.dqn_anakin import DQNTrainState, make_dqn_train
 
-        return jax.eval_shape(make_dqn_train(config).init, key)
+        trainer = make_dqn_train(config)
+        if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
+            return DQNTrainState(None, *jax.eval_shape(
+                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay()), key))
+        return jax.eval_shape(trainer.init, key)
     trainer = make_train(config)
     if not has_actor or config.env_spec.on_host:
         return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]), key))
@@ -631,11 +635,17 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
 # DQN (Anakin): the same host loop and run-directory files over compiled DQN chunks
 # ------------------------------------------------------------------------------------------------
 def _dqn_evaluator(config: DQNConfig, num_episodes: int):
-    """Greedy-policy evaluator (``argmax_a Q``, Mnih et al. 2015) on ``num_episodes`` separate envs."""
+    """Greedy-policy evaluator ``(params, key) -> (returns, lengths)`` (``argmax_a Q``, Mnih et al.
+    2015) on ``num_episodes`` separate envs (a separate host env for envpool/gymnasium)."""
     from tianji_jax.evaluation import make_policy_evaluate
     from tianji_jax.runtime.dqn_anakin import dqn_compile_key, make_dqn_train
 
     trainer = make_dqn_train(config)
+    if config.env_spec.on_host:
+        from tianji_jax.runtime.host_actor import make_host_evaluate
+
+        host_eval = make_host_evaluate(config, jax.jit(trainer.greedy_action), num_episodes)
+        return lambda params, key: host_eval(params, None, key)
     return make_policy_evaluate(config.env_spec, trainer.greedy_action, num_episodes,
                                 cache_key=("dqn", dqn_compile_key(config), num_episodes))
 
@@ -767,7 +777,7 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
         with dqn.timers_lock:
             timers = dict(dqn.timers)
         # device copies of (learner, replay) the learner thread took at this block when a row is due
-        return {**timers, "state_copy": dqn.snapshot}
+        return {**timers, "state_copy": dqn.snapshot, "dropped_partial": dqn.env_steps_discarded}
 
     runner.extra_snapshot = extra
     pending: list[dict] = []
@@ -798,7 +808,7 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             "production_sps": (snap["produced"] - last["produced"]) / dt,
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
             "spi_observed": sampled / max(snap["limiter_inserted"], 1), "limiter_error": snap["limiter_error"],
-            "dropped_stale": snap["dropped_stale"], "dropped_partial": 0,
+            "dropped_stale": snap["dropped_stale"], "dropped_partial": snap["dropped_partial"],
             "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
             "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
             "queue_depth": snap["depth"],
@@ -821,9 +831,12 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
         if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
             stopped[0] = True
         state = DQNTrainState(dqn._actor_states[0], learner, replay_copy)
-        files.maybe_save(state, inserted, {"stopped_early": stopped[0]},
+        files.maybe_save(state, inserted, {"stopped_early": stopped[0], "has_actor": state.actor is not None},
                          finished=stopped[0] or version == config.learning_iterations)
         return stopped[0]
 
-    runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
+    try:
+        runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
+    finally:
+        dqn.close()
     return DQNTrainState(dqn._actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]

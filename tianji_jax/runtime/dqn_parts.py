@@ -211,6 +211,23 @@ class DQNParts:
         """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
         return jnp.argmax(self.apply(params, obs), axis=-1).astype(jnp.int32)
 
+    def explore_action(self, params: Any, obs: jax.Array, k_explore: jax.Array, k_random: jax.Array,
+                       epsilons: jax.Array) -> jax.Array:
+        """Epsilon-greedy actions ``(B,)`` int32: a uniform random action with probability
+        ``epsilons (B,)`` (or a scalar), else :meth:`greedy_action` (Mnih et al. 2015)."""
+        b = obs.shape[0]
+        greedy = self.greedy_action(params, obs)
+        random_action = jax.random.randint(k_random, (b,), 0, self.num_actions, dtype=jnp.int32)
+        explore = jax.random.uniform(k_explore, (b,)) < epsilons
+        return jnp.where(explore, random_action, greedy)
+
+    def host_act(self, params: Any, obs: jax.Array, key: jax.Array, epsilons: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+        """Host actors' policy step: ``(actions (B,) int32, new key)`` for ``obs (B, *obs_shape)``
+        (any dtype; the network casts) with per-row ``epsilons (B,)`` float32."""
+        key, k_explore, k_random = jax.random.split(key, 3)
+        return self.explore_action(params, obs, k_explore, k_random, epsilons), key
+
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         """float32 exploration epsilon after ``env_steps`` env steps: linear from ``epsilon_start``
         to ``epsilon_end`` over ``config.epsilon_decay_steps`` (Mnih et al. 2015), then constant."""
@@ -297,16 +314,13 @@ class DQNParts:
             the ``N`` envs at the first step).
         """
         cfg = self.config
-        n_envs, a = cfg.num_envs, self.num_actions
+        n_envs = cfg.num_envs
 
         def step(carry, _):
             env_state, obs, key, env_steps = carry
             key, k_explore, k_random, k_env = jax.random.split(key, 4)
             eps = self.env_epsilons(env_steps) if epsilons is None else epsilons
-            greedy = self.greedy_action(params, obs)
-            random_action = jax.random.randint(k_random, (n_envs,), 0, a, dtype=jnp.int32)
-            explore = jax.random.uniform(k_explore, (n_envs,)) < eps
-            action = jnp.where(explore, random_action, greedy)
+            action = self.explore_action(params, obs, k_explore, k_random, eps)
             env_state, ts = self.env.step(k_env, env_state, action)
             out = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
                    "truncated": ts.truncated, "final_obs": ts.final_obs.astype(self.obs_dtype),
