@@ -246,6 +246,9 @@ def test_async_host_dqn_keeps_the_replay_ratio_and_stamps_what_actors_acted_with
     assert sum(c.transitions_out for c in chunkers) == buf.produced
     assert buf.produced == buf.inserted + buf.dropped_stale + buf.resident
     assert run.env_steps_discarded == sum(c.transitions_discarded + c.stale_actions for c in chunkers)
+    # the logged epsilon is the mean over all envs of all actors (Ape-X: fixed)
+    all_eps = np.concatenate([actor_epsilons(config, 0, a) for a in range(config.num_actors)])
+    assert run.epsilon == pytest.approx(float(all_eps.mean()), rel=1e-5)
     rs = jax.device_get(run.replay_state)
     stamps = set(np.asarray(rs.policy_version)[: int(rs.size)].tolist())
     assert stamps <= set().union(*map(set, run.runner.actor_logs))

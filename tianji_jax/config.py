@@ -428,6 +428,10 @@ class DQNConfig(_AgentConfig):
     runs a block of ``updates_per_step`` gradient steps and publishes its params (policy version
     += 1). ``updates_per_step = num_envs * num_steps * replay_ratio`` must be a whole number, so
     the replay ratio (gradient updates per env step) holds exactly, with no credit accumulator.
+    With ``runtime='async'`` actor threads produce such iterations concurrently with the learner
+    (the rate limiter holds the replay ratio); on host envs (envpool, gymnasium) each actor steps
+    its envs on the host and acts with the Q-network on the actor device
+    (:mod:`tianji_jax.runtime.dqn_host`).
 
     All step counts are env steps (one transition of one environment) unless the field says
     "gradient updates". Derived quantities are properties: ``iteration_env_steps``,
@@ -450,8 +454,9 @@ class DQNConfig(_AgentConfig):
 
     env: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
                                        help_behavior_hint="(default: gymnax:CartPole-v1)")] = "gymnax:CartPole-v1"
-    """Environment: ``"gymnax:<id>"`` (or a bare gymnax id) with a Discrete action space, or a
-    gymnax-style environment object (see PPOConfig.env)."""
+    """Environment with a Discrete action space: ``"gymnax:<id>"`` (or a bare gymnax id),
+    ``"envpool:<id>"`` or ``"gymnasium:<id>"`` (host envs, runtime='async' only), or a gymnax-style
+    environment object (see PPOConfig.env)."""
     seed: int = 0
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000

@@ -128,8 +128,8 @@ class DQNHostActor(HostActor):
     Returns (per call):
         ``((items, item_version, mask, stats), T * N)``: the first three on ``learner_device``
         (as :meth:`DQNParts.rollout` returns them), ``stats`` host numbers ``episode_return_sum``,
-        ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean epsilon over the actions
-        of this call).
+        ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean over the actor's envs of
+        their epsilons when the chunk is complete).
     """
 
     def __init__(self, config: DQNConfig, parts: DQNParts, host_act: Callable, build: Callable, actor_id: int,
@@ -138,7 +138,6 @@ class DQNHostActor(HostActor):
         self.dqn_config, self.learner_device, self.run_env_steps = config, learner_device, run_env_steps
         self._host_act = host_act
         self.n_step = HostNStep(parts, actor_device, build)
-        self._eps_sum, self._eps_count = 0.0, 0
         super().__init__(config, None, actor_id, key, actor_device, self._finish, timer)
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -146,8 +145,6 @@ class DQNHostActor(HostActor):
         action, self.key = self._host_act(params, jax.device_put(step.obs, self.actor_device), self.key,
                                           jax.device_put(eps, self.actor_device))
         action = np.asarray(jax.device_get(action))
-        self._eps_sum += float(eps.sum())
-        self._eps_count += eps.size
         zeros = np.zeros(action.shape, np.float32)  # no log-prob / value for DQN
         return action, action, zeros, zeros
 
@@ -158,6 +155,6 @@ class DQNHostActor(HostActor):
 
     def _finish(self, chunk: dict[str, np.ndarray]) -> tuple:
         items, item_version, mask = self.n_step(chunk)
-        stats = {**chunk_episode_stats(chunk), "epsilon": self._eps_sum / max(self._eps_count, 1)}
-        self._eps_sum, self._eps_count = 0.0, 0
+        eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
+        stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
         return (*jax.device_put((items, item_version, mask), self.learner_device), stats)
