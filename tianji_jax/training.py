@@ -47,7 +47,8 @@ actors) ``rollout_s`` (inference + env step), for host envs split into ``inferen
 the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
 trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),
 ``h2d_s`` (transfers between devices), ``update_s``.
-DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration),
+DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration, the mean
+over envs and actors: per-env epsilons differ with ``epsilon_schedule='apex'``),
 ``replay_ratio_observed`` (gradient updates / env steps within the chunk: ``replay_ratio`` once
 learning has started, 0 before ``learning_starts``), ``td_loss`` (DQN's loss: mean TD loss of the
 chunk's gradient updates; DQN leaves ``policy_loss``/``value_loss``/``entropy``/``approx_kl``/
