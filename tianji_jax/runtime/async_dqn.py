@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
-
 from functools import partial
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
