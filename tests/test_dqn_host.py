@@ -258,6 +258,22 @@ def test_async_host_dqn_keeps_the_replay_ratio_and_stamps_what_actors_acted_with
     assert np.all(np.isclose(disc[:, None], allowed[None, :], rtol=1e-6).any(axis=1))
 
 
+def test_train_load_and_evaluate_a_host_dqn_run(tmp_path):
+    """tj.train on envpool writes rows with the host timers and the dropped-leftover count; the
+    run's checkpoint loads (no device actor state) and evaluates greedily on a separate host env."""
+    config = tj.DQNConfig(**{**SMALL, "total_env_steps": 2_000, "eval_episodes": 2, "eval_every_env_steps": 700})
+    result = tj.train(config, run_dir=tmp_path / "run", progress=False)
+    c = result.curve
+    assert len(c["env_steps"]) >= 2 and np.all(np.isfinite(c["eval_return_mean"]))
+    for k in ("inference_s", "env_step_s", "dropped_partial", "td_loss", "epsilon"):
+        assert np.all(np.isfinite(c[k])), k
+    assert np.all(np.diff(c["dropped_partial"]) >= 0)
+    loaded = tj.load(tmp_path / "run")
+    assert loaded.state.actor is None and loaded.config == config
+    ev = tj.evaluate(loaded.config, loaded.state, num_episodes=2)
+    assert ev["returns"].shape == (2,) and np.all(ev["returns"] >= 1)
+
+
 LEARN_BUDGET = 120_000
 
 
