@@ -401,6 +401,7 @@ def _divisors(n: int) -> list[int]:
 # DQN
 # ================================================================================================
 _DQN_RUNTIMES = ("anakin", "async")
+_EPSILON_SCHEDULES = ("linear", "apex")
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,10 @@ class DQNConfig(_AgentConfig):
     runs a block of ``updates_per_step`` gradient steps and publishes its params (policy version
     += 1). ``updates_per_step = num_envs * num_steps * replay_ratio`` must be a whole number, so
     the replay ratio (gradient updates per env step) holds exactly, with no credit accumulator.
+    With ``runtime='async'`` actor threads produce such iterations concurrently with the learner
+    (the rate limiter holds the replay ratio); on host envs (envpool, gymnasium) each actor steps
+    its envs on the host and acts with the Q-network on the actor device
+    (:mod:`tianji_jax.runtime.dqn_host`).
 
     All step counts are env steps (one transition of one environment) unless the field says
     "gradient updates". Derived quantities are properties: ``iteration_env_steps``,
@@ -435,8 +440,10 @@ class DQNConfig(_AgentConfig):
 
     Raises:
         ValueError: a value outside its allowed range (the message names the field, the value and
-            what is allowed), a non-Discrete action space, a runtime other than ``"anakin"``
-            (``"async"`` DQN is not implemented yet), both or neither of ``target_update_period``
+            what is allowed), a non-Discrete action space, a runtime other than ``"anakin"`` /
+            ``"async"``, a host env (envpool, gymnasium) with ``runtime="anakin"`` (host envs run
+            on the async runtime only), ``epsilon_end > epsilon_start``, an unknown
+            ``epsilon_schedule``, both or neither of ``target_update_period``
             and ``tau``, a replay ratio that does not give a whole number of gradient updates per
             iteration, or ``learning_starts`` too small to fill one batch.
         TypeError: a scalar of the wrong type.
@@ -447,8 +454,9 @@ class DQNConfig(_AgentConfig):
 
     env: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
                                        help_behavior_hint="(default: gymnax:CartPole-v1)")] = "gymnax:CartPole-v1"
-    """Environment: ``"gymnax:<id>"`` (or a bare gymnax id) with a Discrete action space, or a
-    gymnax-style environment object (see PPOConfig.env)."""
+    """Environment with a Discrete action space: ``"gymnax:<id>"`` (or a bare gymnax id),
+    ``"envpool:<id>"`` or ``"gymnasium:<id>"`` (host envs, runtime='async' only), or a gymnax-style
+    environment object (see PPOConfig.env)."""
     seed: int = 0
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000
@@ -489,6 +497,16 @@ class DQNConfig(_AgentConfig):
     """Final exploration epsilon, in [0, 1]."""
     epsilon_decay_fraction: float = 0.5
     """Fraction of the env steps over which epsilon decays linearly from start to end, in [0, 1]."""
+    epsilon_schedule: Literal["linear", "apex"] = "linear"
+    """'linear': every env uses epsilon_start -> epsilon_end over epsilon_decay_fraction of the run
+    (Mnih et al. 2015). 'apex': fixed per-env epsilons of Ape-X (Horgan et al. 2018, sec. 4),
+    eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1)), where i counts envs across all actors
+    (env e of actor a is i = a * num_envs + e) and N = num_actors * num_envs (one env: apex_epsilon);
+    epsilon_start/end/decay_fraction are then unused."""
+    apex_epsilon: float = 0.4
+    """Ape-X base epsilon (the paper's 0.4), in [0, 1]; used by epsilon_schedule='apex'."""
+    apex_alpha: float = 7.0
+    """Ape-X exponent spread alpha (the paper's 7), >= 0; used by epsilon_schedule='apex'."""
     prioritized: bool = False
     """Proportional prioritised replay (Schaul et al. 2016) with importance weights."""
     per_alpha: float = 0.6
@@ -520,6 +538,9 @@ class DQNConfig(_AgentConfig):
     """Async: actor threads, each with its own num_envs envs."""
     stall_timeout_s: float = 60.0
     """Async: stop with an error when the learner gets no fresh data this long."""
+    env_batch_size: int | None = None
+    """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
+    mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
@@ -537,6 +558,13 @@ class DQNConfig(_AgentConfig):
         _check_float("gamma", self.gamma, low=0.0, high=1.0)
         for name in ("epsilon_start", "epsilon_end", "epsilon_decay_fraction", "per_beta_start"):
             _check_float(name, getattr(self, name), low=0.0, high=1.0)
+        if self.epsilon_end > self.epsilon_start:
+            raise ValueError(f"epsilon_end={self.epsilon_end} must be <= epsilon_start={self.epsilon_start} "
+                             "(epsilon decays from start to end)")
+        if self.epsilon_schedule not in _EPSILON_SCHEDULES:
+            raise ValueError(f"epsilon_schedule must be one of {_EPSILON_SCHEDULES}, got {self.epsilon_schedule!r}")
+        _check_float("apex_epsilon", self.apex_epsilon, low=0.0, high=1.0)
+        _check_float("apex_alpha", self.apex_alpha, low=0.0)
         _check_float("per_alpha", self.per_alpha, low=0.0)
         if self.huber_delta is not None:
             _check_float("huber_delta", self.huber_delta, low=0.0, low_open=True)
@@ -605,9 +633,7 @@ class DQNConfig(_AgentConfig):
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
         if spec.action_kind != "discrete":
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
-        if getattr(spec, "on_host", False):
-            raise ValueError(f"env={self.env!r} runs on the host ({spec.backend}); DQN runs on gymnax envs so far "
-                             "(both runtimes); DQN on envpool/gymnasium is not implemented yet")
+        _check_host_fields(self, spec)  # host envs (envpool, gymnasium) need runtime='async'
         object.__setattr__(self, "_env_spec", spec)
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
@@ -689,6 +715,10 @@ class DQNConfig(_AgentConfig):
             variant = f"dueling {variant}"
         target = (f"hard target copy every {self.target_update_period} gradient updates"
                   if self.target_update_period is not None else f"Polyak target update tau={self.tau}")
+        explore = (f"epsilon {self.epsilon_start} -> {self.epsilon_end} over {self.epsilon_decay_steps} env steps"
+                   if self.epsilon_schedule == "linear" else
+                   f"Ape-X epsilons {self.apex_epsilon}^(1 + {self.apex_alpha} i/(N-1)) over the "
+                   f"N = {self.num_actors * self.num_envs} envs of all actors")
         return (
             f"{variant} ({self.n_step}-step) on {spec.name} ({spec.backend}; obs {spec.observation_shape}, "
             f"action {spec.action_space!r}): {self.num_iterations} iterations x {self.iteration_env_steps} env "
@@ -696,8 +726,7 @@ class DQNConfig(_AgentConfig):
             f"after {self.learning_starts} env steps, {self.updates_per_step} gradient update(s) of batch "
             f"{self.batch_size} per iteration (replay ratio {self.replay_ratio}) = {self.num_gradient_steps} "
             f"gradient updates; {'prioritised' if self.prioritized else 'uniform'} replay of "
-            f"{self.buffer_capacity} transitions ({self.replay_bytes / 2**20:.1f} MiB); {target}; epsilon "
-            f"{self.epsilon_start} -> {self.epsilon_end} over {self.epsilon_decay_steps} env steps; chunks of "
+            f"{self.buffer_capacity} transitions ({self.replay_bytes / 2**20:.1f} MiB); {target}; {explore}; chunks of "
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
             + ("; async runtime, schedule sync (one actor, lag 0, the Anakin iteration order)"

@@ -48,7 +48,8 @@ actors) ``rollout_s`` (inference + env step), for host envs split into ``inferen
 the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
 trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),
 ``h2d_s`` (transfers between devices), ``update_s``.
-DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration),
+DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration, the mean
+over envs and actors: per-env epsilons differ with ``epsilon_schedule='apex'``),
 ``replay_ratio_observed`` (gradient updates / env steps within the chunk: ``replay_ratio`` once
 learning has started, 0 before ``learning_starts``), ``td_loss`` (DQN's loss: mean TD loss of the
 chunk's gradient updates; DQN leaves ``policy_loss``/``value_loss``/``entropy``/``approx_kl``/
@@ -628,9 +629,13 @@ def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stack
     several actors)."""
     key = jax.random.PRNGKey(config.seed)
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import make_dqn_train
+        from tianji_jax.runtime.dqn_anakin import DQNTrainState, make_dqn_train
 
-        state = jax.eval_shape(make_dqn_train(config).init, key)
+        trainer = make_dqn_train(config)
+        if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
+            return DQNTrainState(None, *jax.eval_shape(
+                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay()), key))
+        state = jax.eval_shape(trainer.init, key)
     else:
         trainer = make_train(config)
         if not has_actor or config.env_spec.on_host:
@@ -728,11 +733,17 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
 # DQN (Anakin): the same host loop and run-directory files over compiled DQN chunks
 # ------------------------------------------------------------------------------------------------
 def _dqn_evaluator(config: DQNConfig, num_episodes: int):
-    """Greedy-policy evaluator (``argmax_a Q``, Mnih et al. 2015) on ``num_episodes`` separate envs."""
+    """Greedy-policy evaluator ``(params, key) -> (returns, lengths)`` (``argmax_a Q``, Mnih et al.
+    2015) on ``num_episodes`` separate envs (a separate host env for envpool/gymnasium)."""
     from tianji_jax.evaluation import make_policy_evaluate
     from tianji_jax.runtime.dqn_anakin import dqn_compile_key, make_dqn_train
 
     trainer = make_dqn_train(config)
+    if config.env_spec.on_host:
+        from tianji_jax.runtime.host_actor import make_host_evaluate
+
+        host_eval = make_host_evaluate(config, jax.jit(trainer.greedy_action), num_episodes)
+        return lambda params, key: host_eval(params, None, key)
     return make_policy_evaluate(config.env_spec, trainer.greedy_action, num_episodes,
                                 cache_key=("dqn", dqn_compile_key(config), num_episodes))
 
@@ -865,7 +876,8 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             timers = dict(dqn.timers)
         # device copies of (learner, replay) and the actors' half of the checkpoint cut, which the
         # learner thread took at this block when a row is due
-        return {**timers, "state_copy": dqn.snapshot, "cut": dqn.snapshot_cut}
+        return {**timers, "state_copy": dqn.snapshot, "cut": dqn.snapshot_cut,
+                "dropped_partial": dqn.env_steps_discarded}
 
     runner.extra_snapshot = extra
     pending: list[dict] = []
@@ -896,7 +908,7 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             "production_sps": (snap["produced"] - last["produced"]) / dt,
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
             "spi_observed": sampled / max(snap["limiter_inserted"], 1), "limiter_error": snap["limiter_error"],
-            "dropped_stale": snap["dropped_stale"], "dropped_partial": 0,
+            "dropped_stale": snap["dropped_stale"], "dropped_partial": snap["dropped_partial"],
             "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
             "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
             "queue_depth": snap["depth"],
@@ -919,11 +931,15 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
         actors = snap["cut"]["actors"]
         state = DQNTrainState(_stack_actors(actors), learner, replay_copy)
         files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],
-                                           "stacked_actors": len(actors) if len(actors) > 1 else 0},
+                                           "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
+                                           "has_actor": state.actor is not None},
                          finished=stopped[0] or version == config.learning_iterations)
         if callback is not None:  # after the checkpoint, as in the other loops
             callback(dict(row))
         return stopped[0]
 
-    runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
+    try:
+        runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
+    finally:
+        dqn.close()
     return DQNTrainState(dqn.consumed_actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tianji_jax.buffers import ReplayIngress, TrajectoryItem
 from tianji_jax.config import DQNConfig
 from tianji_jax.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_ppo import placement
+from tianji_jax.runtime.async_ppo import placement, resume_seed
 from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
-from tianji_jax.runtime.dqn_parts import DQNParts
+from tianji_jax.runtime.dqn_host import DQNHostActor
+from tianji_jax.runtime.dqn_parts import DQNParts, actor_epsilons, window_transitions
 
 __all__ = ["AsyncDQN", "ReplayRunner"]
 
@@ -169,7 +172,14 @@ class ReplayRunner(AsyncRunner):
 
 
 class AsyncDQN:
-    """Wires DQN actors, the replay ingress and the learner for one run (gymnax envs).
+    """Wires DQN actors, the replay ingress and the learner for one run.
+
+    gymnax actors run :meth:`DQNParts.rollout` on the actor device; envpool/gymnasium actors are
+    :class:`~tianji_jax.runtime.dqn_host.DQNHostActor` s (host env, Q-network on the actor
+    device, the same n-step window builder). Both hand ``(items, item_version, mask, stats)``
+    chunks of ``num_envs * num_steps`` transitions to the replay ingress. Exploration epsilons per
+    env come from :func:`~tianji_jax.runtime.dqn_parts.actor_epsilons` (linear schedule on the
+    run's inserted-or-waiting env steps, or Ape-X's fixed per-env epsilons).
 
     Args:
         config: a :class:`DQNConfig` with ``runtime='async'``.
@@ -194,6 +204,8 @@ class AsyncDQN:
             after the run).
         episode_stats: ``{"episode_return_sum", "episode_length_sum", "episode_count"}`` summed over
             the chunks inserted since the last block (folded into that block's metrics).
+        epsilon: mean exploration epsilon over all envs of all actors (each actor's latest inserted chunk).
+        host_actors: the :class:`DQNHostActor` s (empty for gymnax); call :meth:`close` after the run.
         timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
     """
 
@@ -212,30 +224,52 @@ class AsyncDQN:
             if key not in _JIT_CACHE:
                 parts = DQNParts(key)
                 _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
-                                   jax.jit(parts.learn, donate_argnums=1))
-            self.parts, self._rollout, self._insert, self._learn = _JIT_CACHE[key]
+                                   jax.jit(parts.learn, donate_argnums=1), jax.jit(parts.host_act),
+                                   jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)))
+            self.parts, self._rollout, self._insert, self._learn, host_act, build = _JIT_CACHE[key]
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
+        on_host = config.env_spec.on_host
         if restore is None:
             learner, replay, actors = self.parts.init_learner(k_learner), self.parts.init_replay(), None
         else:
             learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
-            if actors is None or len(actors) != config.num_actors:
+            if not on_host and (actors is None or len(actors) != config.num_actors):
                 raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
                                  f"{None if actors is None else len(actors)}")
         self.learner_state = jax.device_put(learner, self.learner_device)
         self.replay_state = jax.device_put(replay, self.learner_device)
-        if actors is None:
-            actors = [self.parts.init_actor(k) for k in keys]
-        self._actor_states = [jax.device_put(a, self.actor_device) for a in actors]
-        self.consumed_actor_states: list = list(self._actor_states)  # after each actor's newest chunk taken
-        self.epsilon = float(config.epsilon_start)
+        self._actor_epsilon = [float(np.mean(actor_epsilons(config, 0, i))) for i in range(config.num_actors)]
+        self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
+        self.host_actors: list[DQNHostActor] = []
+        if config.env_spec.on_host:
+            self.timers.update(inference_s=0.0, env_step_s=0.0)
+            self._actor_states = [None] * config.num_actors
+            env_seed = None
+            if restore is not None:  # host env state is not checkpointed: fresh seeds, fresh episodes
+                keys = [jax.random.fold_in(k, int(restore["env_steps"])) for k in keys]
+                env_seed = resume_seed(config.seed, int(restore["env_steps"]))
+            try:
+                for i, k in enumerate(keys):
+                    self.host_actors.append(DQNHostActor(
+                        config, self.parts, host_act, build, i, k, self.actor_device, self.learner_device,
+                        self._run_env_steps, self._time, seed=env_seed))
+            except BaseException:
+                self.close()
+                raise
+            actors = list(self.host_actors)
+        else:
+            if actors is None:
+                actors = [self.parts.init_actor(k) for k in keys]
+            self._actor_states = [jax.device_put(a, self.actor_device) for a in actors]
+            actors = [self._make_actor(i) for i in range(config.num_actors)]
+        self.consumed_actor_states: list = list(self._actor_states)  # after each actor's newest chunk taken
         c = config.iteration_env_steps
         self.runner = ReplayRunner(
-            actors=[self._make_actor(i) for i in range(config.num_actors)], insert=self._insert_chunks,
+            actors=actors, insert=self._insert_chunks,
             learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
             chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
@@ -258,6 +292,20 @@ class AsyncDQN:
         return {"actors": list(self.consumed_actor_states),
                 "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
 
+    def _run_env_steps(self) -> int:
+        return self.runner.buffer.produced
+
+    def close(self) -> None:
+        """Close the host envs of host actors (idempotent; nothing to do for gymnax actors)."""
+        for actor in self.host_actors:
+            actor.close()
+
+    @property
+    def env_steps_discarded(self) -> int:
+        """Host actors: env steps dropped before insertion because a rollout started with newer
+        params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
+        return sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
         same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
@@ -275,11 +323,13 @@ class AsyncDQN:
             t0 = time.perf_counter()
             params = jax.block_until_ready(jax.device_put(params, self.actor_device))
             self._time("h2d_s", t0)
-            # epsilon follows the run's env steps (all actors together), as in Anakin
-            state = self._actor_states[i].replace(
-                env_steps=jnp.asarray(self.runner.buffer.produced, jnp.int32))
+            # epsilon follows the run's env steps (all actors together), as in Anakin, or Ape-X's per env
+            produced = self.runner.buffer.produced
+            state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
+            eps = jax.device_put(actor_epsilons(self.config, produced, i), self.actor_device)
             t0 = time.perf_counter()
-            state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state)
+            state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state,
+                                                                    eps)
             jax.block_until_ready(items)
             self._time("rollout_s", t0)
             self._actor_states[i] = state
@@ -298,7 +348,8 @@ class AsyncDQN:
             self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
             self.episode_stats["episode_length_sum"] += float(host["episode_length_sum"])
             self.episode_stats["episode_count"] += int(host["episode_count"])
-            self.epsilon = float(host["epsilon"])
+            self._actor_epsilon[chunk.actor_id] = float(host["epsilon"])
+        self.epsilon = float(np.mean(self._actor_epsilon))
         jax.block_until_ready(self.replay_state)
         self._time("update_s", t0)
 

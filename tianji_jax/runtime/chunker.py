@@ -171,6 +171,11 @@ class TrajectoryChunker:
         return int(self._count.sum())
 
     @property
+    def pending_mask(self) -> np.ndarray:
+        """``(N,)`` bool copy: envs with an action recorded whose env step has not arrived yet."""
+        return self._has_pending.copy()
+
+    @property
     def pending(self) -> int:
         """Actions recorded whose env step has not arrived yet."""
         return int(self._has_pending.sum())

@@ -145,9 +145,12 @@ _CACHE_LOCK = threading.Lock()
 
 def dqn_compile_key(config: DQNConfig) -> DQNConfig:
     """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``,
-    the async-only fields) set to their defaults: equal keys share compiled functions."""
-    return config.replace(seed=0, stop_at_return=None, runtime="anakin", max_policy_lag=4, num_actors=1,
-                          stall_timeout_s=60.0, schedule="relaxed")
+    the async-only fields) set to their defaults: equal keys share compiled functions. Host envs
+    keep ``runtime='async'`` (the only runtime they allow). Per-actor epsilons are passed to the
+    compiled rollout by async actors, so ``num_actors`` does not enter the key."""
+    runtime = "async" if config.env_spec.on_host else "anakin"
+    return config.replace(seed=0, stop_at_return=None, runtime=runtime, max_policy_lag=4, num_actors=1,
+                          stall_timeout_s=60.0, env_batch_size=None, schedule="relaxed")
 
 
 def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:

@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -39,7 +40,7 @@ from tianji_jax.config import DQNConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.networks import QNetwork
 
-__all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "make_q_network", "make_dqn_optimizer"]
+__all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "HISTORY_KEYS", "actor_epsilons", "window_transitions", "make_q_network", "make_dqn_optimizer"]
 
 _PER_EPS = 1e-6
 
@@ -93,6 +94,78 @@ def make_q_network(config: DQNConfig) -> QNetwork:
                     activation=config.activation, dueling=config.dueling)
 
 
+HISTORY_KEYS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "policy_version", "valid")
+"""Keys of an n-step window (:attr:`DQNActorState.history`, the ``steps`` of :func:`window_transitions`)."""
+
+
+def window_transitions(history: dict, steps: dict, gamma: float, n: int, gap: jax.Array | None = None
+                       ) -> tuple[dqn.Transition, jax.Array, jax.Array, dict]:
+    """Exact n-step transitions across rollout chunks: prepend the last ``H = n - 1`` steps of the
+    previous chunk to the new ``T`` steps and build the transitions that start at the window's
+    oldest ``T`` steps (each sees ``n`` future steps or its episode end), keeping the newest ``H``
+    steps for the next chunk. Every step is inserted exactly once, ``H`` steps late; chunk
+    boundaries neither lose nor duplicate transitions. Pure; jit it.
+
+    Args:
+        history: dict with keys :data:`HISTORY_KEYS`, leaves ``(H, N, ...)``: ``obs`` /
+            ``final_obs`` (observation dtype, never cast), ``action`` / ``policy_version``
+            (int32), ``reward`` (float32), ``terminated`` / ``truncated`` / ``valid`` (bool; a
+            slot not filled yet has ``valid=False``).
+        steps: the same keys, leaves ``(T, N, ...)``: the chunk's consecutive steps of each env
+            (column ``e`` continues column ``e`` of ``history``), ``final_obs[t]`` the true
+            successor of step ``t``.
+        gamma: discount in [0, 1].
+        n: static int ``>= 1``.
+        gap: optional ``(N,)`` bool: env ``e``'s stream has a gap between ``history`` and
+            ``steps`` (steps dropped in between). Its history windows then end at the last
+            history step, which is treated as a truncation: those transitions bootstrap from its
+            true successor ``final_obs`` with ``discount = gamma^k`` over the ``k < n`` steps they
+            saw (a valid k-step target), or 0 if they terminated; episode statistics are unaffected.
+
+    Returns:
+        ``(items, item_version, mask, new_history)``: ``items`` a
+        :class:`~tianji_jax.algos.dqn.Transition` with leaves ``(T * N, ...)`` (time-major
+        flattening); ``item_version`` ``(T * N,)`` int32, the version each transition's first
+        step was acted with; ``mask`` ``(T * N,)`` bool (False for unfilled slots);
+        ``new_history`` leaves ``(H, N, ...)``.
+    """
+    t = steps["reward"].shape[0]
+    h = history["reward"].shape[0]
+    if h and gap is not None:
+        cut = history["truncated"].at[h - 1].set(history["truncated"][h - 1] | gap)
+        history = {**history, "truncated": cut}
+    window = {k: (jnp.concatenate([history[k], steps[k]], axis=0) if h else steps[k]) for k in HISTORY_KEYS}
+    trans = dqn.n_step_transitions(window["obs"], window["action"], window["reward"], window["terminated"],
+                                   window["truncated"], window["final_obs"], gamma, n)
+    n_envs = steps["reward"].shape[1]
+    flat = lambda x: x[:t].reshape((t * n_envs, *x.shape[2:]))  # noqa: E731 - starts 0..T-1 of the window
+    new_history = {k: v[t:] for k, v in window.items()}  # the last H steps
+    return jax.tree.map(flat, trans), flat(window["policy_version"]), flat(window["valid"]), new_history
+
+
+def actor_epsilons(config: DQNConfig, env_steps: int, actor_id: int) -> np.ndarray:
+    """``(num_envs,)`` float32 exploration epsilons of actor ``actor_id``'s envs (async runtime).
+
+    ``epsilon_schedule='linear'``: every env gets ``epsilon_start + (epsilon_end - epsilon_start) *
+    min(1, env_steps / epsilon_decay_steps)`` (Mnih et al. 2015), ``env_steps`` counting the env
+    steps of all actors together. ``'apex'``: fixed Ape-X epsilons (Horgan et al. 2018, sec. 4)
+    ``eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1))`` with ``i = actor_id * num_envs + e``
+    over ``N = num_actors * num_envs`` envs (``N = 1``: ``apex_epsilon``); ``env_steps`` is unused.
+
+    Raises:
+        ValueError: ``actor_id`` outside ``[0, num_actors)``.
+    """
+    if not 0 <= actor_id < config.num_actors:
+        raise ValueError(f"actor_id={actor_id} must be in [0, num_actors={config.num_actors})")
+    n = config.num_envs
+    if config.epsilon_schedule == "apex":
+        eps = dqn.apex_epsilons(config.num_actors * n, config.apex_epsilon, config.apex_alpha)
+        return np.asarray(eps, np.float32)[actor_id * n:(actor_id + 1) * n]
+    frac = min(1.0, max(0.0, env_steps / config.epsilon_decay_steps))
+    eps = config.epsilon_start + (config.epsilon_end - config.epsilon_start) * frac
+    return np.full((n,), eps, np.float32)
+
+
 def make_dqn_optimizer(config: DQNConfig) -> optax.GradientTransformation:
     """Adam (``learning_rate``, eps 1e-8 as CleanRL/PureJaxRL) after global-norm clipping at ``max_grad_norm``."""
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate))
@@ -105,7 +178,8 @@ class DQNParts:
         config: a validated :class:`~tianji_jax.config.DQNConfig`.
 
     Attributes:
-        config, env (:class:`GymnaxVecEnv` of ``num_envs``), network (:class:`QNetwork`), tx
+        config, env (:class:`GymnaxVecEnv` of ``num_envs``; None for a host env, whose actors
+        use only the network and learner halves), network (:class:`QNetwork`), tx
         (optax), num_actions ``A``, history_len ``H = n_step - 1``, example_item (one replay item:
         a :class:`~tianji_jax.algos.dqn.Transition` of ``jax.ShapeDtypeStruct``).
     """
@@ -115,7 +189,8 @@ class DQNParts:
             raise TypeError(f"config must be a DQNConfig, got {type(config).__name__}")
         self.config = config
         spec = config.env_spec
-        self.env = GymnaxVecEnv(spec, config.num_envs)
+        # host envs (envpool, gymnasium) are stepped by host actors (runtime/dqn_host.py), not here
+        self.env = None if spec.on_host else GymnaxVecEnv(spec, config.num_envs)
         self.network = make_q_network(config)
         self.tx = make_dqn_optimizer(config)
         self.num_actions = int(spec.action_space.n)
@@ -136,11 +211,39 @@ class DQNParts:
         """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
         return jnp.argmax(self.apply(params, obs), axis=-1).astype(jnp.int32)
 
+    def explore_action(self, params: Any, obs: jax.Array, k_explore: jax.Array, k_random: jax.Array,
+                       epsilons: jax.Array) -> jax.Array:
+        """Epsilon-greedy actions ``(B,)`` int32: a uniform random action with probability
+        ``epsilons (B,)`` (or a scalar), else :meth:`greedy_action` (Mnih et al. 2015)."""
+        b = obs.shape[0]
+        greedy = self.greedy_action(params, obs)
+        random_action = jax.random.randint(k_random, (b,), 0, self.num_actions, dtype=jnp.int32)
+        explore = jax.random.uniform(k_explore, (b,)) < epsilons
+        return jnp.where(explore, random_action, greedy)
+
+    def host_act(self, params: Any, obs: jax.Array, key: jax.Array, epsilons: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+        """Host actors' policy step: ``(actions (B,) int32, new key)`` for ``obs (B, *obs_shape)``
+        (any dtype; the network casts) with per-row ``epsilons (B,)`` float32."""
+        key, k_explore, k_random = jax.random.split(key, 3)
+        return self.explore_action(params, obs, k_explore, k_random, epsilons), key
+
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         """float32 exploration epsilon after ``env_steps`` env steps: linear from ``epsilon_start``
         to ``epsilon_end`` over ``config.epsilon_decay_steps`` (Mnih et al. 2015), then constant."""
         cfg = self.config
         return dqn.linear_epsilon(env_steps, cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_decay_steps)
+
+    def env_epsilons(self, env_steps: jax.Array) -> jax.Array:
+        """``(N,)`` float32 epsilons of one actor's ``N = num_envs`` envs after ``env_steps`` env
+        steps: :meth:`epsilon` for every env (``epsilon_schedule='linear'``), or Ape-X's fixed
+        ``apex_epsilon^(1 + apex_alpha * i / (N - 1))`` (``'apex'``; Horgan et al. 2018, sec. 4) for
+        a single actor. Async runs with several actors pass their slice of :func:`actor_epsilons`
+        to :meth:`rollout` instead."""
+        cfg = self.config
+        if cfg.epsilon_schedule == "apex":
+            return dqn.apex_epsilons(cfg.num_envs, cfg.apex_epsilon, cfg.apex_alpha)
+        return jnp.full((cfg.num_envs,), self.epsilon(env_steps), jnp.float32)
 
     def per_beta(self, env_steps: jax.Array) -> jax.Array:
         """float32 importance-sampling exponent: linear from ``per_beta_start`` to 1 over the run's
@@ -159,8 +262,13 @@ class DQNParts:
         """Reset the actor's envs, empty history window; ``key`` becomes its PRNG stream."""
         key, k_env = jax.random.split(key)
         env_state, obs = self.env.reset(k_env)
+        return DQNActorState(env_state, obs.astype(self.obs_dtype), key, self.init_history(), jnp.zeros((), jnp.int32))
+
+    def init_history(self) -> dict:
+        """An empty n-step window (:data:`HISTORY_KEYS`, leaves ``(H, N, ...)``, every slot
+        ``valid=False``, ``policy_version=-1``)."""
         h, n = self.history_len, self.config.num_envs
-        history = {
+        return {
             "obs": jnp.zeros((h, n, *self.obs_shape), self.obs_dtype),
             "action": jnp.zeros((h, n), jnp.int32),
             "reward": jnp.zeros((h, n), jnp.float32),
@@ -170,7 +278,6 @@ class DQNParts:
             "policy_version": jnp.full((h, n), -1, jnp.int32),
             "valid": jnp.zeros((h, n), bool),
         }
-        return DQNActorState(env_state, obs.astype(self.obs_dtype), key, history, jnp.zeros((), jnp.int32))
 
     def init_learner(self, key: jax.Array) -> DQNLearnerState:
         """Initialise online params (target = a copy), optimizer; version 0, no gradient steps."""
@@ -185,7 +292,7 @@ class DQNParts:
         return replay.init(self.example_item, self.config.buffer_capacity, check_memory=False)
 
     # ---- actor --------------------------------------------------------------------------------
-    def rollout(self, params: Any, version: jax.Array, actor: DQNActorState
+    def rollout(self, params: Any, version: jax.Array, actor: DQNActorState, epsilons: jax.Array | None = None
                 ) -> tuple[DQNActorState, dqn.Transition, jax.Array, jax.Array, dict[str, jax.Array]]:
         """``T = num_steps`` epsilon-greedy steps of the actor's ``N`` envs with ``params``.
 
@@ -193,6 +300,9 @@ class DQNParts:
             params: online Q-network params to act with.
             version: int32 scalar, the version of ``params``; every step is stamped with it.
             actor: the actor's state.
+            epsilons: ``(N,)`` float32 per-env epsilons held for the whole rollout (async actors
+                pass :func:`actor_epsilons`), or None: :meth:`env_epsilons` at each step's env
+                step count (Anakin).
 
         Returns:
             ``(actor, items, item_version, mask, stats)``: ``items`` a
@@ -200,20 +310,17 @@ class DQNParts:
             flattening), ``item_version`` ``(T * N,)`` int32 version each transition's first step
             was acted with, ``mask`` ``(T * N,)`` bool (False for window slots not yet filled), and
             ``stats``: ``episode_return_sum`` / ``episode_length_sum`` (float32) and
-            ``episode_count`` (int32) of the episodes that ended, ``epsilon`` (float32, at the
-            first step).
+            ``episode_count`` (int32) of the episodes that ended, ``epsilon`` (float32, mean over
+            the ``N`` envs at the first step).
         """
         cfg = self.config
-        n_envs, a = cfg.num_envs, self.num_actions
+        n_envs = cfg.num_envs
 
         def step(carry, _):
             env_state, obs, key, env_steps = carry
             key, k_explore, k_random, k_env = jax.random.split(key, 4)
-            eps = self.epsilon(env_steps)
-            greedy = self.greedy_action(params, obs)
-            random_action = jax.random.randint(k_random, (n_envs,), 0, a, dtype=jnp.int32)
-            explore = jax.random.uniform(k_explore, (n_envs,)) < eps
-            action = jnp.where(explore, random_action, greedy)
+            eps = self.env_epsilons(env_steps) if epsilons is None else epsilons
+            action = self.explore_action(params, obs, k_explore, k_random, eps)
             env_state, ts = self.env.step(k_env, env_state, action)
             out = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
                    "truncated": ts.truncated, "final_obs": ts.final_obs.astype(self.obs_dtype),
@@ -224,23 +331,16 @@ class DQNParts:
 
         carry = (actor.env_state, actor.obs, actor.key, actor.env_steps)
         (env_state, obs, key, env_steps), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
-        t = cfg.num_steps
-        h = self.history_len
-        window = {k: (jnp.concatenate([actor.history[k], traj[k]], axis=0) if h else traj[k])
-                  for k in actor.history}
-        trans = dqn.n_step_transitions(window["obs"], window["action"], window["reward"], window["terminated"],
-                                       window["truncated"], window["final_obs"], cfg.gamma, cfg.n_step)
-        flat = lambda x: x[:t].reshape((t * n_envs, *x.shape[2:]))  # noqa: E731 - starts 0..T-1 of the window
-        items = jax.tree.map(flat, trans)
-        history = {k: v[t:] for k, v in window.items()}  # the last H steps
+        items, item_version, mask, history = window_transitions(
+            actor.history, {k: traj[k] for k in actor.history}, cfg.gamma, cfg.n_step)
         stats = {
             "episode_return_sum": jnp.sum(traj["episode_return"]),
             "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
             "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
-            "epsilon": traj["epsilon"][0],
+            "epsilon": jnp.mean(traj["epsilon"][0]),
         }
         new_actor = DQNActorState(env_state, obs, key, history, env_steps)
-        return new_actor, items, flat(window["policy_version"]), flat(window["valid"]), stats
+        return new_actor, items, item_version, mask, stats
 
     def insert(self, replay_state: replay.ReplayState, items: dqn.Transition, item_version: jax.Array,
                mask: jax.Array) -> replay.ReplayState:

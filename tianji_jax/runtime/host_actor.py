@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax.config import PPOConfig
+from tianji_jax.config import DQNConfig, PPOConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.runtime.chunker import TrajectoryChunker
 
@@ -33,7 +33,8 @@ class HostActor:
     """One actor thread's env, policy and chunker. Call it as the runtime's ``act(params, version)``.
 
     Args:
-        config: the :class:`PPOConfig` (``env`` on a host backend).
+        config: the :class:`PPOConfig` or :class:`~tianji_jax.config.DQNConfig` (``env`` on a host
+            backend; ``num_envs``, ``num_steps``, ``seed``, ``env_batch_size`` are read).
         policy: jitted ``(params, obs (B, *obs), key) -> (env_action, action, log_prob, value, key)``
             (:meth:`~tianji_jax.runtime.ppo_parts.PPOParts.act`).
         actor_id: index of this actor (seeds its envs and its key).
@@ -51,10 +52,15 @@ class HostActor:
         chunker: the :class:`TrajectoryChunker`; ``chunker.transitions_discarded`` counts env steps
             dropped because a new rollout started with newer params (see :meth:`__call__`).
         env_steps: every env step taken, reset steps included.
+        item_steps: env steps per returned trajectory, ``num_envs * num_steps``.
+
+    Subclasses change what is acted (:meth:`_act`) and what happens when leftovers are dropped
+    (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.dqn_host.DQNHostActor`) does both.
     """
 
-    def __init__(self, config: PPOConfig, policy: Callable, actor_id: int, key: jax.Array, actor_device: Any,
-                 to_learner: Callable[[dict], dict], timer: Callable[[str, float], None], seed: int | None = None):
+    def __init__(self, config: PPOConfig | DQNConfig, policy: Callable | None, actor_id: int, key: jax.Array,
+                 actor_device: Any, to_learner: Callable[[dict], dict], timer: Callable[[str, float], None],
+                 seed: int | None = None):
         spec = config.env_spec
         self.config, self.policy, self.actor_id = config, policy, actor_id
         self.actor_device, self.to_learner, self._time = actor_device, to_learner, timer
@@ -66,6 +72,7 @@ class HostActor:
                                                      spec.action_space)
         self.key = jax.device_put(key, actor_device)
         self.env_steps = 0
+        self.item_steps = config.num_envs * config.num_steps
         self._step: HostStep | None = None
         self._version: int | None = None
 
@@ -85,7 +92,7 @@ class HostActor:
         params = jax.block_until_ready(jax.device_put(params, self.actor_device))
         self._time("h2d_s", t0)
         if self._version is not None and version != self._version:
-            self.chunker.discard()
+            self._discard()
         self._version = version
         t0 = time.perf_counter()
         if self._step is None:
@@ -94,9 +101,7 @@ class HostActor:
         while not self.chunker.ready():
             step = self._step
             t1 = time.perf_counter()
-            env_action, action, log_prob, value, self.key = self.policy(
-                params, jax.device_put(step.obs, self.actor_device), self.key)
-            env_action, action, log_prob, value = jax.device_get((env_action, action, log_prob, value))
+            env_action, action, log_prob, value = self._act(params, step)
             t2 = time.perf_counter()
             self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version)
             self._step = self.env.step(np.asarray(env_action), step.env_id)
@@ -111,7 +116,18 @@ class HostActor:
         t0 = time.perf_counter()
         traj = jax.block_until_ready(self.to_learner(traj))
         self._time("h2d_s", t0)
-        return traj, self.config.batch_size
+        return traj, self.item_steps
+
+    def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(env_action, action, log_prob, value)`` as host arrays for ``step``'s ``B`` envs:
+        the policy run on the actor device on ``step.obs`` (advances ``self.key``)."""
+        env_action, action, log_prob, value, self.key = self.policy(
+            params, jax.device_put(step.obs, self.actor_device), self.key)
+        return jax.device_get((env_action, action, log_prob, value))
+
+    def _discard(self) -> None:
+        """A rollout starts with new params: drop the chunker's leftovers and in-flight actions."""
+        self.chunker.discard()
 
     def close(self) -> None:
         """Close the host env."""

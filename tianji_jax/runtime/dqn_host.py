@@ -1,0 +1,163 @@
+"""DQN actors on host envs (envpool, gymnasium): the Sebulba host actor acting epsilon-greedy with
+the Q-network, turning its ``(T, N)`` chunks into exact n-step replay transitions.
+
+The env loop, reset-step handling and per-env chunk assembly are
+:class:`~tianji_jax.runtime.host_actor.HostActor`'s and
+:class:`~tianji_jax.runtime.chunker.TrajectoryChunker`'s, shared with PPO: envpool's reset steps
+(the step after an episode ends, whose action the env ignores) never become transitions, and every
+column of a chunk holds ``T`` consecutive transitions of one env with ``final_obs[t]`` the true
+successor of step ``t`` (the final observation on a terminated or truncated step). This module
+adds what DQN needs on top (Mnih et al. 2015; n-step targets as in Hessel et al. 2018):
+
+* **actions**: :meth:`~tianji_jax.runtime.dqn_parts.DQNParts.host_act` on the actor device, with
+  per-env epsilons from :func:`~tianji_jax.runtime.dqn_parts.actor_epsilons` (the linear schedule
+  on the run's env steps, or Ape-X's fixed per-env epsilons);
+* **n-step windows across chunks**: :class:`HostNStep` keeps the last ``n - 1`` steps of every env
+  on the actor device and runs :func:`~tianji_jax.runtime.dqn_parts.window_transitions`, the same
+  builder gymnax actors use, so no transition is lost or duplicated at a chunk boundary. A
+  termination ends the n-step sum with discount 0; a truncation ends it and bootstraps from the
+  true final observation;
+* **versions**: as for PPO, a rollout that starts with new params drops the chunker's leftovers
+  acted with older params (counted in ``chunker.transitions_discarded`` / ``stale_actions``), so
+  a chunk's steps carry one version and every replay item keeps the exact version it was acted
+  with. Dropping leftovers leaves a gap in those envs' streams: the window before the gap is
+  closed as a truncation (:func:`window_transitions`' ``gap``), so its transitions keep correct
+  ``k < n``-step targets instead of reaching across the gap.
+
+Observations keep the env's dtype end to end (uint8 Atari frames are not cast on the host; the
+Q-network casts on device).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from tianji_jax.config import DQNConfig
+from tianji_jax.envs.host import HostStep
+from tianji_jax.runtime.dqn_parts import HISTORY_KEYS, DQNParts, actor_epsilons, window_transitions
+from tianji_jax.runtime.host_actor import HostActor
+
+__all__ = ["HostNStep", "DQNHostActor", "chunk_episode_stats"]
+
+
+def chunk_episode_stats(chunk: dict[str, np.ndarray]) -> dict[str, float]:
+    """Episode statistics of a host chunk: ``episode_return_sum``, ``episode_length_sum`` (float)
+    and ``episode_count`` (int) over the steps where an episode for statistics ended
+    (``episode_length > 0``; for envpool Atari a whole game, not a life)."""
+    ended = np.asarray(chunk["episode_length"]) > 0
+    return {"episode_return_sum": float(np.asarray(chunk["episode_return"])[ended].sum()),
+            "episode_length_sum": float(np.asarray(chunk["episode_length"])[ended].sum()),
+            "episode_count": int(ended.sum())}
+
+
+class HostNStep:
+    """n-step transitions from a host actor's consecutive ``(T, N)`` chunks (one per actor).
+
+    Holds the last ``H = n_step - 1`` steps of each env (on ``device``) between chunks and builds
+    the ``T * N`` transitions that start at the oldest ``T`` steps of ``history + chunk``
+    (:func:`~tianji_jax.runtime.dqn_parts.window_transitions`): every transition is exact
+    (``n`` steps, or fewer when its episode ends, or before a :meth:`cut`), inserted once, ``H``
+    chunks-steps late. Slots not filled yet at the start come back with ``mask=False``.
+
+    Args:
+        parts: the run's :class:`~tianji_jax.runtime.dqn_parts.DQNParts` (window shape, ``gamma``,
+            ``n_step``).
+        device: where the window lives and the builder runs (the actor device).
+        build: optional jitted ``window_transitions`` (shared between actors); built if None.
+    """
+
+    def __init__(self, parts: DQNParts, device: Any = None, build: Callable | None = None):
+        cfg = parts.config
+        self.num_envs, self.history_len = cfg.num_envs, parts.history_len
+        self.device = device
+        self.history = jax.device_put(parts.init_history(), device)
+        self._build = build if build is not None else jax.jit(partial(window_transitions, gamma=cfg.gamma,
+                                                                       n=cfg.n_step))
+        self._gap = np.zeros((cfg.num_envs,), bool)
+
+    def cut(self, envs: np.ndarray) -> None:
+        """Mark a gap in the streams of ``envs`` (``(N,)`` bool): steps between the last chunk and
+        the next were dropped. Their pending windows end at the last step seen (as a truncation)."""
+        self._gap |= np.asarray(envs, bool).reshape(self.num_envs)
+
+    def __call__(self, chunk: dict[str, np.ndarray]) -> tuple[Any, jax.Array, jax.Array]:
+        """Transitions of one chunk.
+
+        Args:
+            chunk: :meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.pop`'s dict (``obs``,
+                ``action``, ``reward``, ``terminated``, ``truncated``, ``final_obs``,
+                ``policy_version`` are read; leaves ``(T, N, ...)``), continuing the previous chunk
+                env by env.
+
+        Returns:
+            ``(items, item_version, mask)`` on ``device``: a
+            :class:`~tianji_jax.algos.dqn.Transition` with leaves ``(T * N, ...)`` (obs in their
+            own dtype), ``(T * N,)`` int32 acting versions, ``(T * N,)`` bool validity.
+        """
+        steps = {k: chunk[k] for k in HISTORY_KEYS if k != "valid"}
+        steps["valid"] = np.ones(np.shape(chunk["reward"]), bool)
+        steps["action"] = np.asarray(steps["action"], np.int32)
+        steps, gap = jax.device_put((steps, self._gap.copy()), self.device)
+        items, item_version, mask, self.history = self._build(self.history, steps, gap=gap)
+        self._gap[:] = False
+        return items, item_version, mask
+
+
+class DQNHostActor(HostActor):
+    """One DQN actor thread on a host env; call it as the runtime's ``act(params, version)``.
+
+    Steps the env until every env has ``T = num_steps`` transitions acted with ``params``, acting
+    epsilon-greedy on the actor device, then returns the chunk's n-step transitions (see the
+    module docstring) on the learner device.
+
+    Args:
+        config: the run's :class:`DQNConfig` (host ``env``, ``runtime='async'``).
+        parts: :class:`DQNParts` of the run (may be a cached one built from the compile key).
+        host_act: jitted :meth:`DQNParts.host_act`.
+        build: jitted :func:`window_transitions` for ``config`` (``gamma``, ``n_step`` bound).
+        actor_id: index of this actor (its envs' seeds and Ape-X epsilons).
+        key: the actor's PRNG key.
+        actor_device, learner_device: where acting and the replay buffer live.
+        run_env_steps: ``() -> int``, env steps of the whole run so far (the linear epsilon schedule).
+        timer: ``timer(name, t0)`` as :class:`HostActor`.
+        seed: run seed the envs' seeds derive from (default ``config.seed``; a resumed run passes
+            :func:`~tianji_jax.runtime.async_ppo.resume_seed`'s).
+
+    Returns (per call):
+        ``(((items, item_version, mask, stats), None), T * N)``: the first three on ``learner_device``
+        (as :meth:`DQNParts.rollout` returns them), ``stats`` host numbers ``episode_return_sum``,
+        ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean over the actor's envs of
+        their epsilons when the chunk is complete).
+    """
+
+    def __init__(self, config: DQNConfig, parts: DQNParts, host_act: Callable, build: Callable, actor_id: int,
+                 key: jax.Array, actor_device: Any, learner_device: Any, run_env_steps: Callable[[], int],
+                 timer: Callable[[str, float], None], seed: int | None = None):
+        self.dqn_config, self.learner_device, self.run_env_steps = config, learner_device, run_env_steps
+        self._host_act = host_act
+        self.n_step = HostNStep(parts, actor_device, build)
+        super().__init__(config, None, actor_id, key, actor_device, self._finish, timer, seed=seed)
+
+    def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)[step.env_id]
+        action, self.key = self._host_act(params, jax.device_put(step.obs, self.actor_device), self.key,
+                                          jax.device_put(eps, self.actor_device))
+        action = np.asarray(jax.device_get(action))
+        zeros = np.zeros(action.shape, np.float32)  # no log-prob / value for DQN
+        return action, action, zeros, zeros
+
+    def _discard(self) -> None:
+        # envs with leftovers or actions in flight lose steps: their windows end before the gap
+        self.n_step.cut((self.chunker.counts > 0) | self.chunker.pending_mask)
+        super()._discard()
+
+    def _finish(self, chunk: dict[str, np.ndarray]) -> tuple:
+        items, item_version, mask = self.n_step(chunk)
+        eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
+        stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
+        # no actor state for a checkpoint cut: host env state cannot be saved (a resume re-seeds)
+        return (*jax.device_put((items, item_version, mask), self.learner_device), stats), None
