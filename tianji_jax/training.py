@@ -48,7 +48,9 @@ cumulative; 0 with actor threads),
 actors) ``rollout_s`` (inference + env step), for host envs split into ``inference_s`` (policy on
 the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
 trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),
-``h2d_s`` (transfers between devices), ``update_s``.
+``h2d_s`` (transfers between devices; with Ray actors also each rollout's round trip beyond the
+actor's own rollout time: task dispatch and the object store, the first one's including the actor
+process's start-up), ``update_s``.
 DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration),
 ``replay_ratio_observed`` (gradient updates / env steps within the chunk: ``replay_ratio`` once
 learning has started, 0 before ``learning_starts``), ``td_loss`` (DQN's loss: mean TD loss of the

@@ -8,6 +8,7 @@ learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -138,7 +139,9 @@ class AsyncPPO:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime import ray_actors
 
-                    self.ray_context = ray_actors.RayContext(config.ray_address)
+                    # a private local instance offers a CPU slot per actor, even past the cores it has
+                    self.ray_context = ray_actors.RayContext(
+                        config.ray_address, num_cpus=max(os.cpu_count() or 1, config.num_actors))
                     self.param_publisher = ray_actors.ParamPublisher()
                     self.ray_actors = ray_actors.make_ray_actors(config, self.param_publisher, self.to_learner,
                                                                  self._time)

@@ -378,8 +378,13 @@ def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, ti
 
     Raises:
         ImportError: Ray is not installed.
+        ValueError: the cluster has fewer CPU slots than ``config.num_actors`` (they would never start).
     """
     ray = require_ray()
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < config.num_actors:
+        raise ValueError(f"num_actors={config.num_actors}: each remote actor needs one CPU slot and the Ray cluster "
+                         f"offers {cpus:g}; allowed: at most {int(cpus)} (or add nodes / CPUs)")
     options: dict[str, Any] = dict(num_cpus=1, max_restarts=config.ray_max_restarts, max_task_retries=0,
                                    max_concurrency=1, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
     cls = ray.remote(**options)(_RolloutWorker)
