@@ -161,6 +161,7 @@ def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
         assert [len(log) for log in runner.actor_logs] == [len(c.chunks) for c in clients]
         assert runner.buffer.produced == len(metas) * config.batch_size
         assert [m.version for m in clients[0].chunks] == runner.actor_logs[0]
+        assert len({m.version for m in metas}) <= ppo.param_publisher.puts <= done + 1  # one put per version
     finally:
         ppo.close()
 
@@ -179,3 +180,15 @@ def test_actor_dying_past_max_restarts_stops_the_run(cluster):
         assert ppo.runner.buffer.produced == 2 * config.batch_size
     finally:
         ppo.close()
+
+
+def test_params_are_put_once_per_version_and_shared(cluster):
+    from tianji_jax.runtime.ray_actors import ParamPublisher
+
+    pub = ParamPublisher()
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    r0, r0_again = pub.ref(params, 0), pub.ref({"w": np.zeros((2, 3), np.float32)}, 0)
+    assert r0 == r0_again and pub.puts == 1  # the second actor asking for version 0 gets the same object
+    r1 = pub.ref({"w": params["w"] + 1}, 1)
+    assert r1 != r0 and pub.puts == 2
+    np.testing.assert_array_equal(ray.get(r1, timeout=30)["w"], params["w"] + 1)

@@ -112,6 +112,7 @@ class _RolloutWorker:
 
     def _start(self, incarnation: int) -> None:
         import jax
+        import ray
 
         from tianji_jax.runtime.anakin import compile_key
         from tianji_jax.runtime.host_actor import HostActor
@@ -119,8 +120,6 @@ class _RolloutWorker:
 
         if self.actor is not None:
             self.actor.close()
-        import ray
-
         cfg = self.config
         # a new env seed per incarnation, disjoint from every other actor's and incarnation's envs;
         # a process Ray restarted while it was idle is asked for the old incarnation (the client
