@@ -190,9 +190,9 @@ def plot(rows, path: Path) -> None:
               ("transfer_ms_per_chunk", "transfer ms per chunk")]
     for ax, (key, title) in zip(axes, panels):
         for l in sorted({r["learner_devices"] for r in rows if r["actor_backend"] == "ray"}):
-            xs = sorted({r["actor_processes"] for r in rows if r["actor_backend"] == "ray" and r["learner_devices"] == l})
-            ys = [C.median([r[key] for r in rows if r["actor_backend"] == "ray" and r["learner_devices"] == l
-                            and r["actor_processes"] == a]) for a in xs]
+            ray_l = [r for r in rows if r["actor_backend"] == "ray" and r["learner_devices"] == l]
+            xs = sorted({r["actor_processes"] for r in ray_l})
+            ys = [C.median([r[key] for r in ray_l if r["actor_processes"] == a]) for a in xs]
             ax.plot(xs, ys, "o-", label=f"Ray actors, {l} learner device(s)")
         single = C.median([r[key] for r in rows if r["actor_backend"] == "threads"])
         if np.isfinite(single):

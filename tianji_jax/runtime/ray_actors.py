@@ -44,7 +44,10 @@ import numpy as np
 from tianji_jax.config import PPOConfig
 
 __all__ = ["require_ray", "RayContext", "ParamPublisher", "RayActorClient", "ChunkMeta", "RemoteActorError",
-           "make_ray_actors"]
+           "STARTUP_TIMEOUT_S", "make_ray_actors"]
+
+STARTUP_TIMEOUT_S = 300.0
+"""Seconds :func:`make_ray_actors` waits for every remote actor to start."""
 
 _INSTALL_HINT = "Ray actor nodes need Ray: pip install 'tianji-jax[ray]' (or pip install 'ray>=2.60,<3')"
 
@@ -159,6 +162,12 @@ class _RolloutWorker:
         import ray
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def start(self) -> tuple[int, str]:
+        """Import JAX and create the envs now (not in the first rollout); ``(pid, node_id)``."""
+        if self.incarnation is None:
+            self._start(0)
+        return self.info()
 
     def close(self) -> None:
         """Close the env (the process ends when the actor handle is released)."""
@@ -375,9 +384,14 @@ def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, ti
     and ``max_task_retries=0``, and runs JAX on CPU (``JAX_PLATFORMS=cpu``). Needs a Ray
     connection (:class:`RayContext`).
 
+    The actors start (process, JAX import, envs) before this returns, so the runtime's
+    ``stall_timeout_s`` does not have to cover it.
+
     Raises:
         ImportError: Ray is not installed.
         ValueError: the cluster has fewer CPU slots than ``config.num_actors`` (they would never start).
+        TimeoutError: the actors did not start within :data:`STARTUP_TIMEOUT_S` (they are killed).
+        Whatever creating an actor's envs raised, with its remote traceback (``RayTaskError``).
     """
     ray = require_ray()
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -388,9 +402,15 @@ def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, ti
                                    max_concurrency=1, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
     cls = ray.remote(**options)(_RolloutWorker)
     run = uuid.uuid4().hex[:8]
-    clients = []
-    for i in range(config.num_actors):
-        handle = cls.options(name=f"tianji-{run}-actor-{i}").remote(config, i)
-        clients.append(RayActorClient(handle, i, publisher, to_learner, timer, max_restarts=config.ray_max_restarts,
-                                      timeout_s=config.stall_timeout_s))
-    return clients
+    handles = [cls.options(name=f"tianji-{run}-actor-{i}").remote(config, i) for i in range(config.num_actors)]
+    try:  # start-up (process, JAX import, envs) outside the runtime's stall window; env errors show here
+        ray.get([h.start.remote() for h in handles], timeout=STARTUP_TIMEOUT_S)
+    except BaseException as err:
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        if isinstance(err, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(f"{config.num_actors} remote actor(s) did not start within {STARTUP_TIMEOUT_S:g} s "
+                               "(is every actor's CPU slot free in the Ray cluster?)") from err
+        raise
+    return [RayActorClient(h, i, publisher, to_learner, timer, max_restarts=config.ray_max_restarts,
+                           timeout_s=config.stall_timeout_s) for i, h in enumerate(handles)]
