@@ -101,3 +101,20 @@ def test_pong_relaxed_vs_sync_quick(tmp_path):
     assert set(df["schedule"]) == {"sync", "relaxed"} and (df["consumed_sps"] > 0).all()
     assert df.loc[df["schedule"] == "sync", "policy_lag_max"].max() == 0
     assert df.loc[df["schedule"] == "relaxed", "policy_lag_max"].max() <= 2
+
+
+def test_scaling_quick(tmp_path):
+    pytest.importorskip("ray")
+    summary = _run_quick("scaling.py", tmp_path)
+    assert "x single" in summary and "OVERSUB" in summary
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    points = {(b, a, l) for b, a, l in zip(df["actor_backend"], df["actor_processes"] + df["actor_threads"],
+                                           df["learner_devices"])}
+    assert points == {("threads", 1, 1), ("ray", 1, 1), ("ray", 2, 1), ("ray", 1, 2)}
+    assert (df[["production_sps", "consumed_env_sps", "transfer_ms_per_chunk"]] > 0).all().all()
+    single = df[df["actor_backend"] == "threads"].iloc[0]
+    assert single["production_sps_over_single"] == 1.0
+    ratio = df["production_sps"] / single["production_sps"]
+    assert (ratio - df["production_sps_over_single"]).abs().max() < 1e-9
+    assert (df["lost_chunks"] == 0).all() and (df["policy_lag_max"] <= 2).all()
