@@ -18,14 +18,14 @@ under ``--cache-dir``. A system that cannot run a row (tianji_jax DQN on envpool
 env, rejax without a gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
 installation fails is recorded as skipped with the error.
 
-Each run is written to ``runs/<env>__<system>__seed<k>.json`` as soon as it ends, and a run with a
+Each run is written to ``records/<env>__<system>__seed<k>.json`` as soon as it ends, and a run with a
 file is not run again: an interrupted invocation resumes where it stopped (delete a file to redo a
 run). Each run has a wall-time cap (``--cap-s``); a capped run keeps the evaluations it made.
 Seeds are the middle loop (env, then seed, then system), so an interrupted run leaves every system
 of a row with the same number of seeds. Ratios: each system's median against the best tianji_jax
 variant of the same algorithm on the same row, measured in the same invocation.
 
-Writes ``experiments/results/convergence/{runs/, runs.csv, curves.csv, results.csv, summary.md,
+Writes ``experiments/results/convergence/{records/, runs.csv, curves.csv, results.csv, summary.md,
 convergence.png, machine.json}``.
 
     python experiments/convergence.py             # full: all systems, 3 seeds, CartPole then LunarLander
@@ -157,7 +157,7 @@ def ensure_venv(name: str, cache_dir: Path, install_timeout_s: float) -> tuple[P
 
 
 def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, Any], tmp_dir: Path) -> dict[str, Any]:
-    """Run one (system, row, seed) in a fresh process; the record written to ``runs/``.
+    """Run one (system, row, seed) in a fresh process; the record written to ``records/``.
 
     ``status``: ``done`` (budget finished), ``capped`` (killed at ``row.cap_s``; the evaluations
     so far are kept), ``failed`` (non-zero exit; ``reason`` = the end of its stderr) or
@@ -250,7 +250,9 @@ def summarize_run(r: dict[str, Any]) -> dict[str, Any]:
     ret = np.asarray([e["eval_return_mean"] for e in ev], float)
     hit = np.nonzero(ret >= r["threshold"])[0]
     i = hit[0] if len(hit) else None
-    budget = r.get("info", {}).get("budget_env_steps", math.nan)
+    info = r.get("info", {})
+    # (records of SB3 runs made before its runner reported the budget carry the zoo's n_timesteps)
+    budget = info.get("budget_env_steps", info.get("config", {}).get("n_timesteps", math.nan))
     return {
         "env": r["env"], "system": r["system"], "algo": r["algo"], "seed": r["seed"], "status": r["status"],
         "steps_to_threshold": steps[i] if i is not None else math.nan,
@@ -329,11 +331,13 @@ def fmt_range(o: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(m) + (f" [{fmt.format(lo)}..{fmt.format(hi)}]" if np.isfinite(lo) and lo != hi else "")
 
 
-def make_summary(args, rows: list[Row], results: list[dict[str, Any]], runs: list[dict[str, Any]],
-                 peer_errors: dict[str, str], load_start, wall_s: float) -> str:
+def make_summary(args, rows: list[Row], systems: list[System], results: list[dict[str, Any]],
+                 runs: list[dict[str, Any]], peer_errors: dict[str, str], load_start, wall_s: float,
+                 commands: list[str]) -> str:
     """``summary.md``: protocol, one table per row, capped / failed / unsupported / skipped runs."""
     lines = [f"# Time to threshold: tianji_jax against peers {'(--quick)' if args.quick else ''}", "",
-             f"Command: `{C.command()}`", "", C.SHARED_NOTE, "",
+             f"Command: `{C.command()}`" + ("" if commands == [C.command()] else "; the runs were made by "
+                                             + ", ".join(f"`{c}`" for c in commands)), "", C.SHARED_NOTE, "",
              f"Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
              f"compilation and env creation included) to the end of the first evaluation whose mean return over 10 "
              f"deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
@@ -344,14 +348,20 @@ def make_summary(args, rows: list[Row], results: list[dict[str, Any]], runs: lis
              f"same algorithm on the same row (marked 1.00), measured in this same invocation. *return at end* = "
              f"the evaluation at the end of each system's own budget (empty for runs stopped by the wall cap). "
              f"Runs were sequential (env, then seed, then system). Total wall {wall_s:.0f} s of this invocation "
-             f"(earlier invocations' runs were resumed from `runs/`); load average at start {load_start}, at each "
+             f"(earlier invocations' runs were resumed from `records/`); load average at start {load_start}, at each "
              f"run's start in `runs.csv` (`loadavg_1m`).", "",
              "Hyper-parameters: tianji_jax's defaults (`PPOConfig()`: CleanRL's tuned CartPole PPO with 8 envs; "
              "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO with the "
              "rl-baselines3-zoo LunarLander settings); Stable-Baselines3 with rl-baselines3-zoo's tuned "
              "`ppo.yml`/`dqn.yml`; RLlib with its tuned examples `cartpole_ppo.py`/`cartpole_dqn.py`; rejax with its "
-             "`configs/cartpole.yaml`. Each system keeps its own tuned budget (column *budget*). See "
+             "`configs/gymnax/cartpole.yaml` (0.1.x API). Each system keeps its own tuned budget (column *budget*). See "
              "`experiments/peers/*_runner.py`.", ""]
+    loads = [r["loadavg_1m"] for r in runs if np.isfinite(r["loadavg_1m"])]
+    if loads:
+        lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores. "
+                  + ("When several commands made the runs (listed above), they ran partly at the same time, each "
+                     "on its own seeds or systems, to fit the runs into the time available." if len(commands) > 1
+                     else ""), ""]
     for row in rows:
         rs = [o for o in results if o["env"] == row.name]
         if not rs:
@@ -382,6 +392,9 @@ def make_summary(args, rows: list[Row], results: list[dict[str, Any]], runs: lis
         for o in rs:
             if o["status"] in ("unsupported", "skipped"):
                 lines.append(f"- {o['system']}: **{o['status']}**: {o['reason']}")
+        not_run = [s.name for s in systems if not quick_skip(args, row, s) and not any(o["system"] == s.name for o in rs)]
+        if not_run:
+            lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
         lines.append("")
     if peer_errors:
         lines += ["Peer installation: " + "; ".join(f"{k}: {v[:300]}" for k, v in peer_errors.items()), ""]
@@ -433,7 +446,7 @@ def plot(rows: list[Row], runs: list[dict[str, Any]], results: list[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Install the peers if needed, run what ``runs/`` lacks, write the outputs; returns 0.
+    """Install the peers if needed, run what ``records/`` lacks, write the outputs; returns 0.
 
     Raises (through argparse, before any work): unknown ``--envs``, ``--seeds < 1``, ``--systems``
     matching nothing."""
@@ -442,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tianji_jax only (PPO anakin and relaxed, DQN anakin on CartPole; the unsupported "
                              "DQN LunarLander row), 1 seed, 30k env steps, CartPole threshold 200")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed-list", default="", help="comma-separated seeds to run in this invocation "
+                        "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
     parser.add_argument("--envs", default="CartPole-v1,LunarLander", help="comma-separated rows, in order")
     parser.add_argument("--systems", default="", help="comma-separated substrings; keep systems whose name "
                                                       "contains one (default: all)")
@@ -450,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tianji_jax" / "peers",
                         help="where the peers' virtual environments are created")
     parser.add_argument("--install-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the outputs from the run records already in --out; run and install nothing")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "convergence")
     args = parser.parse_args(argv)
     t_start, load_start = time.perf_counter(), C.loadavg()
@@ -474,7 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         systems = [s for s in systems if any(k in s.name for k in keep)]
         if not systems:
             parser.error(f"--systems {args.systems!r} matches none of {[s.name for s in TIANJI + PEERS]}")
-    runs_dir = args.out / "runs"
+    seeds = [int(k) for k in args.seed_list.split(",") if k] or list(range(args.seeds))
+    if any(k < 0 for k in seeds):
+        parser.error(f"--seed-list: seeds must be >= 0, got {args.seed_list!r}")
+    runs_dir = args.out / "records"  # (not "runs/": the repository's .gitignore ignores run directories)
     runs_dir.mkdir(parents=True, exist_ok=True)
     # per-run scratch (Ray's temp dir): short, outside the repo (Ray's socket paths must stay < 108 bytes)
     tmp_root = Path(tempfile.mkdtemp(prefix="tj-conv-"))
@@ -482,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     pythons: dict[str | None, Path | None] = {None: Path(sys.executable)}
     peer_errors: dict[str, str] = {}
     box2d_errors: dict[str, str] = {}
-    for name in sorted({s.venv for s in systems if s.venv}):
+    for name in sorted({s.venv for s in systems if s.venv} if not args.report_only else ()):
         python, err, box_err = ensure_venv(name, args.cache_dir, args.install_timeout_s)
         pythons[name] = python
         if err:
@@ -493,12 +513,12 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
 
     for row in rows:
-        for seed in range(args.seeds):
+        for seed in seeds:
             for s in systems:
                 if quick_skip(args, row, s):
                     continue
                 path = runs_dir / (run_key(row.name, s.name, seed) + ".json")
-                if path.exists():
+                if path.exists() or args.report_only:
                     continue
                 base = {"env": row.name, "system": s.name, "algo": s.algo, "mode": s.mode, "seed": seed,
                         "threshold": row.threshold, "eval_every": row.eval_every, "cap_s": row.cap_s, "evals": [],
@@ -515,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
                     record = run_one(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp)
                     record["loadavg_start"] = load
                     shutil.rmtree(tmp, ignore_errors=True)
+                record["command"] = C.command()
                 path.write_text(json.dumps(record, indent=1, default=str) + "\n")
                 r = summarize_run(record)
                 print(f"{row.name} seed {seed} {s.name:24s} {record['status']:11s} to {row.threshold:g}: "
@@ -549,7 +570,8 @@ def write_outputs(args, rows, systems, runs_dir: Path, peer_errors, load_start, 
     C.write_csv([{"env": r["env"], "system": r["system"], "seed": r["seed"], **e} for r in records for e in r["evals"]],
                 args.out / "curves.csv")
     C.write_csv(results, args.out / "results.csv")
-    summary = make_summary(args, rows, results, runs, peer_errors, load_start, wall_s)
+    commands = sorted({r.get("command", "python experiments/convergence.py") for r in records})
+    summary = make_summary(args, rows, systems, results, runs, peer_errors, load_start, wall_s, commands)
     (args.out / "summary.md").write_text(summary)
     versions = {}
     for r in records:

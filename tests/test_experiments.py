@@ -111,7 +111,7 @@ def test_convergence_quick(tmp_path):
     summary = _run_quick("convergence.py", tmp_path)
     for name in ("runs.csv", "curves.csv", "results.csv", "convergence.png"):
         assert (tmp_path / name).stat().st_size > 0, name
-    records = sorted((tmp_path / "runs").glob("*.json"))
+    records = sorted((tmp_path / "records").glob("*.json"))
     assert len(records) == 4  # PPO anakin, PPO relaxed, DQN anakin on CartPole; DQN on envpool LunarLander
     mtimes = {p.name: p.stat().st_mtime_ns for p in records}
     runs = pd.read_csv(tmp_path / "runs.csv")
@@ -153,6 +153,6 @@ def test_convergence_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "convergence.py"), "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {p.name: p.stat().st_mtime_ns for p in sorted((tmp_path / "runs").glob("*.json"))} == mtimes
+    assert {p.name: p.stat().st_mtime_ns for p in sorted((tmp_path / "records").glob("*.json"))} == mtimes
     assert (tmp_path / "results.csv").read_text() == before
     assert json.loads((tmp_path / "machine.json").read_text())["sizes"]["seeds"] == 1

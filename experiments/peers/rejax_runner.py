@@ -1,7 +1,8 @@
 """rejax runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``); runs in its own venv
 (rejax 0.1.3 with gymnax 0.0.9: rejax's ``env.step`` unpacks gymnax 0.0.x's 5-tuple).
 
-Hyper-parameters: rejax's ``configs/cartpole.yaml`` (ppo and dqn sections, copied as data below),
+Hyper-parameters: rejax's ``configs/gymnax/cartpole.yaml`` (ppo and dqn sections of the 0.1.x API,
+copied as data below; the later ``configs/cartpole.yaml`` names DQN fields 0.1.3 does not have),
 except ``eval_freq``, which is the experiment's common evaluation interval. rejax trains in one
 compiled ``lax.scan`` with an evaluation callback every ``eval_freq`` env steps; the callback here
 plays ``eval_episodes`` deterministic episodes (argmax of the policy logits / of Q) instead of
@@ -28,13 +29,13 @@ from jax.experimental import io_callback  # noqa: E402
 import rejax  # noqa: E402
 from rejax.evaluate import evaluate  # noqa: E402
 
-CARTPOLE_YAML = {  # rejax configs/cartpole.yaml
+CARTPOLE_YAML = {  # rejax configs/gymnax/cartpole.yaml of the 0.1.x API (DQN: num_epochs, polyak)
     "ppo": dict(env="CartPole-v1", agent_kwargs={"activation": "tanh"}, num_envs=5, num_steps=100, num_epochs=5,
                 num_minibatches=5, learning_rate=0.00075, max_grad_norm=0.5, total_timesteps=100_000, gamma=0.99,
                 gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5),
     "dqn": dict(env="CartPole-v1", agent="DuelingQNetwork", agent_kwargs={"activation": "swish"}, num_envs=10,
                 buffer_size=50_000, fill_buffer=5_000, batch_size=100, max_grad_norm=10, learning_rate=0.001,
-                gradient_steps=5, total_timesteps=100_000, target_update_freq=200, eps_start=1, eps_end=0.05,
+                num_epochs=5, total_timesteps=100_000, polyak=0.98, eps_start=1, eps_end=0.05,
                 exploration_fraction=0.5, gamma=0.99, ddqn=True, normalize_observations=False),
 }
 algo_name = spec["algo"]
@@ -48,7 +49,7 @@ log = P.EvalLog(spec)
 _started = [0.0]
 
 
-def _start() -> np.ndarray:
+def _start(step) -> np.ndarray:
     _started[0] = time.perf_counter()
     return np.zeros((), np.uint32)
 
@@ -70,8 +71,9 @@ def greedy(algo, ts):
 
 
 def eval_callback(algo, ts, rng):
-    zero = io_callback(_start, jax.ShapeDtypeStruct((), jnp.uint32), ordered=True)
-    rng = jax.random.fold_in(rng, zero)  # the evaluation depends on the start stamp
+    # the start stamp depends on the trained state (so training is over) and the evaluation on the stamp
+    zero = io_callback(_start, jax.ShapeDtypeStruct((), jnp.uint32), ts.global_step, ordered=True)
+    rng = jax.random.fold_in(rng, zero)
     _, returns = evaluate(greedy(algo, ts), rng, algo.env, algo.env_params, int(spec["eval_episodes"]),
                           algo.env_params.max_steps_in_episode)
     io_callback(_end, None, ts.global_step, returns, ordered=True)

@@ -10,7 +10,7 @@ configs on gymnasium ``LunarLander-v3`` with a 1M / 200k budget (RLlib ships no 
 example for the new stack). Ray runs as a private local instance (``address="local"``, 127.0.0.1,
 no dashboard, a private temp dir, usage stats off) so it never joins another process's cluster.
 Evaluation: ``eval_episodes`` episodes with the greedy action of the trained RLModule
-(``forward_inference``, argmax of the action-distribution inputs) on a separate env in this
+(``forward_inference``: DQN's greedy ``actions``, PPO's argmax of the action-distribution inputs) on a separate env in this
 process, after the first ``train()`` iteration past each multiple of ``eval_every`` env steps.
 """
 
@@ -81,7 +81,10 @@ try:
             while not done:
                 with torch.no_grad():
                     out = module.forward_inference({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
-                action = int(np.argmax(out["action_dist_inputs"].numpy()[0]))
+                if "actions" in out:  # DQN's forward_inference returns the greedy (argmax-Q) actions
+                    action = int(out["actions"].numpy()[0])
+                else:  # PPO: the mode of the categorical over the action-distribution inputs
+                    action = int(np.argmax(out["action_dist_inputs"].numpy()[0]))
                 obs, r, term, trunc, _ = eval_env.step(action)
                 total += float(r)
                 done = term or trunc

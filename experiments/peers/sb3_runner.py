@@ -48,11 +48,11 @@ def linear(x0: float):
 
 
 hp = dict(ZOO[(spec["algo"], spec["env"])])
+n_envs, budget = hp["n_envs"], int(spec.get("total_env_steps") or hp["n_timesteps"])
 P.send("CONV_INFO", {"versions": {"stable-baselines3": sb3.__version__, "torch": torch.__version__,
                                   "gymnasium": gym.__version__, "torch_threads": torch.get_num_threads()},
-                     "config": hp, "env_id": GYM_IDS[spec["env"]]})
-n_envs, budget = hp.pop("n_envs"), int(spec.get("total_env_steps") or hp.pop("n_timesteps"))
-hp.pop("n_timesteps", None)
+                     "config": hp, "env_id": GYM_IDS[spec["env"]], "budget_env_steps": budget})
+del hp["n_envs"], hp["n_timesteps"]
 for k in ("learning_rate", "clip_range"):
     if isinstance(hp.get(k), str):
         hp[k] = linear(float(hp[k].split("_")[1]))
