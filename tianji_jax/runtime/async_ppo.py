@@ -328,7 +328,7 @@ class AsyncPPO:
 
     def _learn_item(self, item, version: int):
         traj = item.data
-        if not self.host_actors:  # gymnax: (trajectory, actor state right after it)
+        if not self.config.env_spec.on_host:  # gymnax: (trajectory, actor state right after it)
             traj, self.consumed_actor_states[item.actor_id] = item.data
         t0 = time.perf_counter()
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep
