@@ -215,7 +215,39 @@ def test_async_relaxed_telemetry_and_placement(capsys):
     assert np.all(c["production_sps"] > 0) and np.all(c["consumed_sps"] > 0)
     assert np.all(c["reuse"] == config.update_epochs)
     assert np.all((c["actor_wait_frac"] >= 0) & (c["learner_wait_frac"] >= 0))
+    # a wait that straddles a snapshot is split over both rows: a share of wall time never exceeds 1
+    assert np.all((c["actor_wait_frac"] <= 1 + 1e-9) & (c["learner_wait_frac"] <= 1 + 1e-9))
     assert np.all(np.isfinite(c["update_s"]))
+
+
+def test_telemetry_counts_open_spans_up_to_the_read():
+    import threading
+    import time
+
+    from tianji_jax.runtime.async_runtime import Telemetry
+
+    tel = Telemetry()
+    inside, release = threading.Event(), threading.Event()
+
+    def wait():
+        with tel.span("actor_wait_s"):
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=wait)
+    t0 = time.perf_counter()
+    t.start()
+    assert inside.wait(10)
+    time.sleep(0.05)
+    mid = time.perf_counter()
+    first = tel.read(mid)["actor_wait_s"]
+    assert 0.04 < first <= mid - t0  # the open span is counted up to the read, not at its end
+    assert tel.actor_wait_s == 0.0
+    release.set()
+    t.join(10)
+    end = time.perf_counter()
+    total = tel.read(end)["actor_wait_s"]
+    assert first < total <= end - t0 and tel.read(end + 100.0)["actor_wait_s"] == total  # closed: no more growth
 
 
 def test_async_learner_state_lives_on_the_learner_device():

@@ -95,8 +95,7 @@ class ReplayRunner(AsyncRunner):
         act = self.actors[actor_id]
         r = 0
         while not self.stop.is_set():
-            t0 = time.perf_counter()
-            with self._processed_cond:  # wait for the learner to finish with chunk r - 1
+            with self.telemetry.span("actor_wait_s"), self._processed_cond:  # the learner done with chunk r - 1
                 deadline = time.monotonic() + self.stall_timeout_s
                 while self._processed < r:
                     if self.stop.is_set():
@@ -105,11 +104,9 @@ class ReplayRunner(AsyncRunner):
                         raise StallError(f"actor {actor_id} waited {self.stall_timeout_s:g} s for the learner to "
                                          f"process chunk {r - 1}; last published version {self.store.version}")
                     self._processed_cond.wait(0.1)
-            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
             params, version = self.store.latest()
-            t0 = time.perf_counter()
-            data, steps = act(params, version)
-            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            with self.telemetry.span("actor_busy_s"):
+                data, steps = act(params, version)
             self.actor_logs[actor_id].append(version)
             if not self._insert(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)):
                 return

@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
 from tianji_jax.rate_limiter import RateLimiter
@@ -46,17 +47,48 @@ class StallError(RuntimeError):
 
 @dataclass
 class Telemetry:
-    """Cumulative seconds waited and worked per side (read by the caller for wait fractions)."""
+    """Cumulative seconds waited and worked per side (read by the caller for wait fractions).
+
+    Time spent inside a :meth:`span` counts as it passes: :meth:`read` adds the elapsed part of
+    every span still open, so the difference of two reads is the time actually spent between them
+    (a long wait that straddles a snapshot is split over both rows instead of being charged whole
+    to the row in which it ends, which made per-row wait fractions exceed 1)."""
 
     actor_wait_s: float = 0.0
     actor_busy_s: float = 0.0
     learner_wait_s: float = 0.0
     learner_busy_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _open: dict = field(default_factory=dict)  # id -> (name, perf_counter start) of spans in progress
 
     def add(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the counter ``name`` (one of the four fields)."""
         with self.lock:
             setattr(self, name, getattr(self, name) + seconds)
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Count the time spent in the ``with`` block towards ``name``, visible to :meth:`read`
+        while the block runs."""
+        token = object()
+        with self.lock:
+            self._open[id(token)] = (name, time.perf_counter())
+        try:
+            yield
+        finally:
+            with self.lock:
+                _, t0 = self._open.pop(id(token))
+                setattr(self, name, getattr(self, name) + time.perf_counter() - t0)
+
+    def read(self, now: float | None = None) -> dict[str, float]:
+        """The four counters in seconds, open spans included up to ``now`` (``time.perf_counter()``
+        seconds; default: the moment of the call)."""
+        with self.lock:
+            now = time.perf_counter() if now is None else now
+            out = {k: getattr(self, k) for k in ("actor_wait_s", "learner_wait_s", "actor_busy_s", "learner_busy_s")}
+            for name, t0 in self._open.values():
+                out[name] += now - t0
+        return out
 
 
 class AsyncRunner:
@@ -137,9 +169,8 @@ class AsyncRunner:
         return run
 
     def _wait_params(self, actor_id: int, min_version: int, have: int) -> tuple[Any, int] | None:
-        t0 = time.perf_counter()
-        got = self.store.wait_for(min_version, self.stall_timeout_s, self.stop)
-        self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
+        with self.telemetry.span("actor_wait_s"):
+            got = self.store.wait_for(min_version, self.stall_timeout_s, self.stop)
         if got is None and not self.stop.is_set():
             raise StallError(
                 f"actor {actor_id} received no params of version >= {min_version} for {self.stall_timeout_s:g} s; "
@@ -147,24 +178,18 @@ class AsyncRunner:
         return got
 
     def _insert(self, item: TrajectoryItem) -> bool:
-        t0 = time.perf_counter()
-        try:
+        with self.telemetry.span("actor_wait_s"):
             while not self.stop.is_set():
                 if self.buffer.put(item, 0.5, self.stop):
                     return True
             return False
-        finally:
-            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
 
     def _admit(self) -> bool:
-        t0 = time.perf_counter()
-        try:
+        with self.telemetry.span("actor_wait_s"):
             while not self.stop.is_set():
                 if self.buffer.admit(self.item_steps, 0.5, self.stop):
                     return True
             return False
-        finally:
-            self.telemetry.add("actor_wait_s", time.perf_counter() - t0)
 
     def _relaxed_actor_loop(self, actor_id: int) -> None:
         act = self.actors[actor_id]
@@ -172,9 +197,8 @@ class AsyncRunner:
             if not self._admit():
                 return
             params, version = self.store.latest()  # read after admission: the newest there is
-            t0 = time.perf_counter()
-            out = act(params, version)
-            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            with self.telemetry.span("actor_busy_s"):
+                out = act(params, version)
             if out is None:  # stopped while the rollout was in flight
                 return
             data, steps = out
@@ -208,9 +232,8 @@ class AsyncRunner:
                     if got is None:
                         return
                     params, version = got
-            t0 = time.perf_counter()
-            out = act(params, version)
-            self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            with self.telemetry.span("actor_busy_s"):
+                out = act(params, version)
             if out is None:  # stopped while the rollout was in flight
                 return
             data, steps = out
@@ -248,11 +271,10 @@ class AsyncRunner:
         ``produced`` / ``consumed`` / ``inserted`` / ``dropped_stale`` / ``depth``, the limiter's
         ``sampled`` / ``limiter_inserted`` / ``limiter_error``, the telemetry's wait and busy
         seconds, plus whatever ``extra_snapshot()`` returns (per-phase timers)."""
-        buf, lim, tel = self.buffer, self.buffer.limiter, self.telemetry
-        with tel.lock:
-            waits = {"actor_wait_s": tel.actor_wait_s, "learner_wait_s": tel.learner_wait_s,
-                     "actor_busy_s": tel.actor_busy_s, "learner_busy_s": tel.learner_busy_s}
-        snap = {"time": time.perf_counter(), "produced": buf.produced, "consumed": getattr(buf, "consumed", 0),
+        buf, lim = self.buffer, self.buffer.limiter
+        now = time.perf_counter()
+        waits = self.telemetry.read(now)  # the same instant as the row's time: fractions stay <= 1
+        snap = {"time": now, "produced": buf.produced, "consumed": getattr(buf, "consumed", 0),
                 "inserted": getattr(buf, "inserted", 0), "dropped_stale": buf.dropped_stale, "depth": buf.depth(),
                 "sampled": lim.sampled, "limiter_inserted": lim.inserted, "limiter_error": lim.error, **waits}
         if self.extra_snapshot is not None:
