@@ -111,3 +111,75 @@ def test_pong_dqn_quick(tmp_path):
     assert len(df) >= 2 and (df["production_sps"] > 0).all() and (df["consumed_sps"] > 0).all()
     assert abs(df["replay_ratio_observed"].iloc[-1] - 0.25) < 0.05
     assert "6.61 GiB" in summary and "52.61 GiB" in summary and "--full" in summary
+
+
+def test_scaling_quick(tmp_path):
+    pytest.importorskip("ray")
+    summary = _run_quick("scaling.py", tmp_path)
+    assert "x single" in summary and "OVERSUB" in summary
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    points = {(b, a, l) for b, a, l in zip(df["actor_backend"], df["actor_processes"] + df["actor_threads"],
+                                           df["learner_devices"])}
+    assert points == {("threads", 1, 1), ("ray", 1, 1), ("ray", 2, 1), ("ray", 1, 2)}
+    assert (df[["production_sps", "consumed_env_sps", "transfer_ms_per_chunk"]] > 0).all().all()
+    single = df[df["actor_backend"] == "threads"].iloc[0]
+    assert single["production_sps_over_single"] == 1.0
+    ratio = df["production_sps"] / single["production_sps"]
+    assert (ratio - df["production_sps_over_single"]).abs().max() < 1e-9
+    assert (df["lost_chunks"] == 0).all() and (df["policy_lag_max"] <= 2).all()
+
+
+def test_convergence_quick(tmp_path):
+    import json
+
+    import numpy as np
+
+    summary = _run_quick("convergence.py", tmp_path)
+    for name in ("runs.csv", "curves.csv", "results.csv", "convergence.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    records = sorted((tmp_path / "records").glob("*.json"))
+    assert len(records) == 4  # PPO anakin, PPO relaxed, DQN anakin on CartPole; DQN on envpool LunarLander
+    mtimes = {p.name: p.stat().st_mtime_ns for p in records}
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    res = pd.read_csv(tmp_path / "results.csv")
+    curves = pd.read_csv(tmp_path / "curves.csv")
+    assert {"steps_to_threshold", "train_wall_s_to_threshold", "wall_s_to_threshold", "final_eval_return",
+            "budget_env_steps", "process_wall_s", "status"} <= set(runs.columns)
+    assert {"x_tianji_best_train_wall_s", "x_tianji_best_steps", "train_wall_s_to_threshold_median", "reached",
+            "final_eval_return_median", "tianji_best"} <= set(res.columns)
+    # the unsupported row carries the library's own reason and no numbers
+    lunar = runs[runs["env"] == "LunarLander"]
+    assert list(lunar["status"]) == ["unsupported"] and "DQN" in lunar["reason"].iloc[0]
+    assert "unsupported" in summary and "DQN on envpool" in summary
+    cart = runs[runs["env"] == "CartPole-v1"]
+    assert list(cart["status"]) == ["done"] * 3
+    assert cart["final_eval_return"].between(0, 500).all() and np.isfinite(cart["process_wall_s"]).all()
+    assert (cart["budget_env_steps"] >= 30_000).all()
+    # each run's evaluations: increasing env steps and wall time, evaluation time inside the wall time
+    for _, c in curves.groupby(["env", "system", "seed"]):
+        assert (np.diff(c["env_steps"]) > 0).all() and (np.diff(c["wall_s"]) > 0).all()
+        assert (np.diff(c["eval_s"]) >= 0).all() and (c["eval_s"] < c["wall_s"]).all() and (c["wall_s"] > 0).all()
+    assert (cart["evals"] == curves[curves["env"] == "CartPole-v1"].groupby("system").size().reindex(cart["system"]).values).all()
+    # time to threshold: within the budget and the run; evaluation time subtracted, never added
+    hit = cart[np.isfinite(cart["steps_to_threshold"])]
+    assert len(hit) >= 2  # both PPO variants pass CartPole 200 within 30k env steps
+    assert (hit["steps_to_threshold"] <= hit["budget_env_steps"]).all()
+    assert (hit["train_wall_s_to_threshold"] <= hit["wall_s_to_threshold"]).all()
+    assert (hit["wall_s_to_threshold"] <= hit["process_wall_s"]).all()
+    # ratios against the best tianji_jax variant of the same algorithm: the best is 1, the others >= 1
+    ppo = res[(res["env"] == "CartPole-v1") & (res["algo"] == "ppo")]
+    assert ppo["x_tianji_best_train_wall_s"].min() == 1.0 and (ppo["x_tianji_best_train_wall_s"] >= 1).all()
+    best = ppo.loc[ppo["x_tianji_best_train_wall_s"].idxmin()]
+    assert best["system"] == best["tianji_best"]
+    for _, o in ppo.iterrows():
+        assert o["x_tianji_best_train_wall_s"] == pytest.approx(
+            o["train_wall_s_to_threshold_median"] / best["train_wall_s_to_threshold_median"])
+    # resumable: a second invocation runs nothing again and rebuilds the same table
+    before = (tmp_path / "results.csv").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "convergence.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in sorted((tmp_path / "records").glob("*.json"))} == mtimes
+    assert (tmp_path / "results.csv").read_text() == before
+    assert json.loads((tmp_path / "machine.json").read_text())["sizes"]["seeds"] == 1

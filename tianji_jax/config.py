@@ -97,6 +97,29 @@ def _check_distributed(config: Any) -> None:
                          f"= {config.global_batch_size} (one global update)")
 
 
+def _check_ray(config: Any, spec: EnvSpec) -> None:
+    """The Ray actor fields of a :class:`PPOConfig` (clear errors naming the field)."""
+    _check_int("ray_max_restarts", config.ray_max_restarts, minimum=0)
+    if config.actor_backend not in ("threads", "ray"):
+        raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {config.actor_backend!r}")
+    if config.actor_backend == "threads":
+        if config.ray_address is not None:
+            raise ValueError(f"ray_address={config.ray_address!r} needs actor_backend='ray'")
+        return
+    if not spec.on_host:
+        raise ValueError(f"actor_backend='ray' runs host envs (envpool:/gymnasium:) on remote actors; env "
+                         f"{config.env!r} is a gymnax env (allowed with actor_backend='threads')")
+    if config.num_processes > 1:
+        raise ValueError(f"actor_backend='ray' with num_processes={config.num_processes} is not supported; "
+                         "use one learner process (num_processes=1) with Ray actors")
+    if config.ray_address is not None and (not isinstance(config.ray_address, str) or not config.ray_address):
+        raise ValueError(f"ray_address must be None, 'auto' or 'HOST:PORT', got {config.ray_address!r}")
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("actor_backend='ray' needs Ray: pip install 'tianji-jax[ray]'")
+
+
 def _check_host_fields(config: Any, spec: EnvSpec) -> None:
     """Rules for host env backends (envpool, gymnasium), shared by the configs."""
     batch = getattr(config, "env_batch_size", None)
@@ -241,6 +264,17 @@ class PPOConfig(_AgentConfig):
     heartbeat_timeout_s: int = 60
     """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
     a collective update that makes no progress for this long + 30 s also ends the process."""
+    actor_backend: Literal["threads", "ray"] = "threads"
+    """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
+    actor processes on Ray Core (any node of a Ray cluster; TianJi's actor/learner role split),
+    each with its own num_envs envs and a CPU policy copy, feeding this learner through the same
+    admission, lag gate and rate limiter (needs ``pip install tianji-jax[ray]``)."""
+    ray_address: str | None = None
+    """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
+    process's Ray connection or starts a private local instance on 127.0.0.1."""
+    ray_max_restarts: int = 3
+    """actor_backend='ray': times Ray restarts each dead actor (its lost rollout is counted in
+    ``lost_chunks``); one more death stops the run with an error."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
@@ -322,6 +356,7 @@ class PPOConfig(_AgentConfig):
                     f"num_minibatches={self.num_minibatches}; allowed values: "
                     f"{[d for d in range(1, self.num_envs + 1) if self.num_envs % d == 0 and (self.batch_size // d) % self.num_minibatches == 0]}")
         _check_distributed(self)
+        _check_ray(self, spec)
         object.__setattr__(self, "_env_spec", spec)
 
     # ---- derived quantities -------------------------------------------------------------------
@@ -386,6 +421,8 @@ class PPOConfig(_AgentConfig):
             + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else "")
             + (f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
                f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
+            + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
+               if self.actor_backend == "ray" else "")
             + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
                f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
                f"{self.global_batch_size}" if self.num_processes > 1 else "")

@@ -26,7 +26,7 @@ METRIC_COLUMNS = (
     "env_steps", "update", "wall_time_s", "sps", "episode_return_mean", "episode_length_mean", "episodes",
     "eval_return_mean", "eval_return_std", "policy_loss", "value_loss", "entropy", "approx_kl",
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
-    "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "actor_wait_frac", "learner_wait_frac", "queue_depth",
+    "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "lost_chunks", "actor_wait_frac", "learner_wait_frac", "queue_depth",
     "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
     "epsilon", "replay_ratio_observed", "td_loss", "q_mean",
 )
@@ -42,12 +42,16 @@ Async runtime only (empty in Anakin): ``production_sps`` (env steps inserted by 
 (``I*spi - S`` in env steps), ``dropped_stale`` (env steps dropped by the lag gate, cumulative), ``dropped_partial`` (host
 envs: env steps an actor dropped before insertion because a rollout started with newer params —
 transitions left over from uneven resets and actions in flight — cumulative; 0 for gymnax),
+``lost_chunks`` (rollouts of remote Ray actors lost when their process died, never inserted;
+cumulative; 0 with actor threads),
 ``actor_wait_frac`` / ``learner_wait_frac`` (share of the chunk's wall time spent waiting),
 ``queue_depth`` (trajectories waiting), and per-phase seconds within the chunk (summed over
 actors) ``rollout_s`` (inference + env step), for host envs split into ``inference_s`` (policy on
 the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
 trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),
-``h2d_s`` (transfers between devices), ``update_s``.
+``h2d_s`` (transfers between devices; with Ray actors also each rollout's round trip beyond the
+actor's own rollout time: task dispatch and the object store, the first one's including the actor
+process's start-up), ``update_s``.
 DQN only (empty for PPO): ``epsilon`` (exploration epsilon of the chunk's last iteration, the mean
 over envs and actors: per-env epsilons differ with ``epsilon_schedule='apex'``),
 ``replay_ratio_observed`` (gradient updates / env steps within the chunk: ``replay_ratio`` once
@@ -493,8 +497,8 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         # learner thread takes the snapshot right after publishing; the caller handles the event
         # later, when the learner and the actors may be ahead)
         cut = ppo.cut()
-        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "learner_state": ppo.learner_state,
-                "cut": cut}
+        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": ppo.lost_chunks,
+                "learner_state": ppo.learner_state, "cut": cut}
 
     runner.extra_snapshot = extra
     pending: list[Any] = []
@@ -518,6 +522,7 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
             "limiter_error": snap["limiter_error"],
             "dropped_stale": snap["dropped_stale"],
             "dropped_partial": snap["dropped_partial"],
+            "lost_chunks": snap["lost_chunks"],
             "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
             "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
             "queue_depth": snap["depth"],

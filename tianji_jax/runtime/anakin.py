@@ -112,7 +112,8 @@ def compile_key(config: PPOConfig) -> PPOConfig:
                      eval_every_env_steps=config.updates_per_chunk * config.batch_size)
     return config.replace(seed=0, stop_at_return=None, runtime=runtime, schedule="relaxed", max_policy_lag=None,
                           num_actors=1, queue_batches=2, stall_timeout_s=60.0, env_batch_size=None,
-                          num_learner_devices=1, **multi)
+                          num_learner_devices=1, actor_backend="threads", ray_address=None,
+                          ray_max_restarts=3, **multi)
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:

@@ -332,10 +332,13 @@ class AsyncDQN:
             t0 = time.perf_counter()
             params = jax.block_until_ready(jax.device_put(params, self.actor_device))
             self._time("h2d_s", t0)
-            # epsilon follows the run's env steps (all actors together), as in Anakin, or Ape-X's per env
+            # epsilon follows the run's env steps (all actors together) step by step inside the
+            # rollout, exactly as in Anakin (so the `sync` schedule reproduces it bit for bit), or
+            # Ape-X's fixed per-env epsilons of this actor's slice
             produced = self.runner.buffer.produced
             state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
-            eps = jax.device_put(actor_epsilons(self.config, produced, i), self.actor_device)
+            eps = (None if self.config.epsilon_schedule == "linear"
+                   else jax.device_put(actor_epsilons(self.config, produced, i), self.actor_device))
             t0 = time.perf_counter()
             state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state,
                                                                     eps)

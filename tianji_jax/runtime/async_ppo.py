@@ -8,6 +8,7 @@ learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -160,17 +161,31 @@ class AsyncPPO:
         self._discarded_before = int(counters.get("dropped_partial", 0))
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         self.host_actors: list[HostActor] = []
+        self.ray_actors: list = []  # RayActorClient per remote actor (actor_backend='ray')
+        self.ray_context = None
+        self.watchdog = None
         if config.env_spec.on_host:
             self._actor_states = [None] * config.num_actors
             self.obs_rms = None
             try:
-                for i, k in enumerate(actor_keys):
-                    self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
-                                                      self.to_learner, self._time, seed=env_seed))
+                if config.actor_backend == "ray":
+                    from tianji_jax.runtime import ray_actors
+
+                    # a private local instance offers a CPU slot per actor, even past the cores it has
+                    # (remote actors seed their envs afresh in every process, so a resume needs no env_seed)
+                    self.ray_context = ray_actors.RayContext(
+                        config.ray_address, num_cpus=max(os.cpu_count() or 1, config.num_actors))
+                    self.param_publisher = ray_actors.ParamPublisher()
+                    self.ray_actors = ray_actors.make_ray_actors(config, self.param_publisher, self.to_learner,
+                                                                 self._time)
+                else:
+                    for i, k in enumerate(actor_keys):
+                        self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
+                                                          self.to_learner, self._time, seed=env_seed))
             except BaseException:
                 self.close()
                 raise
-            actors = list(self.host_actors)
+            actors = list(self.ray_actors or self.host_actors)
         else:
             if restore is not None:
                 states = restore["actors"]
@@ -182,16 +197,21 @@ class AsyncPPO:
             self._actor_states = [jax.device_put(st, self.actor_device) for st in states]
             self.obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
-        self.runner = AsyncRunner(
-            actors=actors, learn=self._learn_item,
-            initial_params=self.local_learner_state.params, num_updates=config.num_updates,
-            item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
-            queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
-            initial_version=int(self.local_learner_state.version))
+        try:
+            self.runner = AsyncRunner(
+                actors=actors, learn=self._learn_item,
+                initial_params=self.local_learner_state.params, num_updates=config.num_updates,
+                item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
+                queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
+                initial_version=int(self.local_learner_state.version))
+        except BaseException:
+            self.close()
+            raise
+        for client in self.ray_actors:  # a remote rollout in flight returns as soon as the run stops
+            client.stop = self.runner.stop
         self.consumed_actor_states: list = list(self._actor_states)
         if restore is not None:
             self.runner.buffer.restore_counters(counters)
-        self.watchdog = None
         if self.multi:  # lockstep collectives: global telemetry and a watchdog on every update
             local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
             self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
@@ -221,18 +241,34 @@ class AsyncPPO:
         return {k: jax.device_put(v, NamedSharding(self.mesh, _traj_spec(k))) for k, v in traj.items()}
 
     def close(self) -> None:
-        """Close the host envs of host actors (idempotent; nothing to do for gymnax actors)."""
+        """Close the host envs of host actors, kill remote Ray actors and shut down the Ray
+        instance this run started (idempotent; nothing to do for gymnax actors)."""
         for actor in self.host_actors:
             actor.close()
+        if self.ray_context is not None:
+            from tianji_jax.runtime.ray_actors import require_ray
+
+            ray = require_ray()
+            if ray.is_initialized():
+                for client in self.ray_actors:
+                    ray.kill(client.handle, no_restart=True)
+            self.ray_context.close()
+            self.ray_context = None
         if self.watchdog is not None:
             self.watchdog.close()
+
+    @property
+    def lost_chunks(self) -> int:
+        """Rollouts lost to remote actor deaths (actor_backend='ray'; never inserted); 0 otherwise."""
+        return sum(c.lost_chunks for c in self.ray_actors)
 
     @property
     def env_steps_discarded(self) -> int:
         """Host actors: env steps dropped before insertion because a rollout started with newer
         params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
-        return self._discarded_before + sum(a.chunker.transitions_discarded + a.chunker.stale_actions
-                                            for a in self.host_actors)
+        return (self._discarded_before
+                + sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+                + sum(c.env_steps_discarded for c in self.ray_actors))
 
     def cut(self) -> dict:
         """The actor half and the counters of a checkpoint cut; call it in the learner thread right
@@ -252,6 +288,9 @@ class AsyncPPO:
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
+        if self.ray_actors:
+            return (f"placement: {len(self.ray_actors)} remote actor(s) on Ray (CPU policy copies), learner on "
+                    + ", ".join(str(d) for d in self.learner_devices))
         same = (" (shared device: acting and learning will serialise there)"
                 if self.actor_device in self.learner_devices else "")
         if self.mesh is None:
@@ -289,7 +328,7 @@ class AsyncPPO:
 
     def _learn_item(self, item, version: int):
         traj = item.data
-        if not self.host_actors:  # gymnax: (trajectory, actor state right after it)
+        if not self.config.env_spec.on_host:  # gymnax: (trajectory, actor state right after it)
             traj, self.consumed_actor_states[item.actor_id] = item.data
         t0 = time.perf_counter()
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep

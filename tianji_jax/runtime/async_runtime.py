@@ -32,8 +32,9 @@ __all__ = ["AsyncRunner", "StallError", "SCHEDULES", "Telemetry"]
 
 SCHEDULES = ("sync", "one_step", "relaxed")
 
-ActFn = Callable[[Any, int], tuple[Any, int]]
-"""``act(params, version) -> (data, num_steps)``: one rollout with ``params`` (stamped ``version``)."""
+ActFn = Callable[[Any, int], "tuple[Any, int] | None"]
+"""``act(params, version) -> (data, num_steps)``: one rollout with ``params`` (stamped ``version``);
+None only once the runner's ``stop`` event is set (a remote actor gave up waiting: the actor ends)."""
 LearnFn = Callable[[TrajectoryItem, int], tuple[Any, Any]]
 """``learn(item, learner_version) -> (new_params, metrics)``: one update; the runner publishes
 ``new_params`` as version ``learner_version + 1``."""
@@ -172,8 +173,11 @@ class AsyncRunner:
                 return
             params, version = self.store.latest()  # read after admission: the newest there is
             t0 = time.perf_counter()
-            data, steps = act(params, version)
+            out = act(params, version)
             self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            if out is None:  # stopped while the rollout was in flight
+                return
+            data, steps = out
             self.actor_logs[actor_id].append(version)
             self.buffer.put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps),
                             0.0, self.stop, admitted=True)
@@ -205,8 +209,11 @@ class AsyncRunner:
                         return
                     params, version = got
             t0 = time.perf_counter()
-            data, steps = act(params, version)
+            out = act(params, version)
             self.telemetry.add("actor_busy_s", time.perf_counter() - t0)
+            if out is None:  # stopped while the rollout was in flight
+                return
+            data, steps = out
             self.actor_logs[actor_id].append(version)
             pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)
             r += 1

@@ -1,0 +1,588 @@
+"""Time to a return threshold: tianji_jax (Anakin; async ``sync`` / ``one_step`` / ``relaxed``) against peers.
+
+For each row (env) and system, ``--seeds`` runs, each in a fresh process started by this script
+(so interpreter start-up, imports, JIT compilation and env creation are counted alike for every
+system), report: wall seconds from process start and env steps until ``eval_return_mean`` over 10
+deterministic episodes first reaches the threshold, and the evaluation return at the end of the
+budget. Evaluations run every ``eval_every`` env steps (rounded to each system's iteration);
+evaluation time is measured by every runner and subtracted (``train_wall_s_to_threshold``, the
+headline), and also reported included (``wall_s_to_threshold``).
+
+Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib)
+and LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
+``LunarLander-v3`` for the peers). Systems: tianji_jax PPO in Anakin mode and on the async runtime
+with each schedule, tianji_jax DQN in Anakin mode and on the async runtime; Stable-Baselines3,
+RLlib and rejax PPO and DQN, each with the hyper-parameters its authors tuned (see the runner
+scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
+under ``--cache-dir``. A system that cannot run a row (tianji_jax DQN on envpool, Anakin on a host
+env, rejax without a gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
+installation fails is recorded as skipped with the error.
+
+Each run is written to ``records/<env>__<system>__seed<k>.json`` as soon as it ends, and a run with a
+file is not run again: an interrupted invocation resumes where it stopped (delete a file to redo a
+run). Each run has a wall-time cap (``--cap-s``); a capped run keeps the evaluations it made.
+Seeds are the middle loop (env, then seed, then system), so an interrupted run leaves every system
+of a row with the same number of seeds. Ratios: each system's median against the best tianji_jax
+variant of the same algorithm on the same row, measured in the same invocation.
+
+Writes ``experiments/results/convergence/{records/, runs.csv, curves.csv, results.csv, summary.md,
+convergence.png, machine.json}``.
+
+    python experiments/convergence.py             # full: all systems, 3 seeds, CartPole then LunarLander
+    python experiments/convergence.py --quick     # tianji_jax only, 1 seed, small budgets, CartPole to 200 (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _common as C  # noqa: E402
+
+PEERS_DIR = HERE / "peers"
+ROOT = HERE.parent
+
+
+@dataclass(frozen=True)
+class Row:
+    """One env row: ``threshold`` (return), ``eval_every`` (env steps), ``cap_s`` (wall s per run)."""
+
+    name: str
+    threshold: float
+    eval_every: int
+    cap_s: float
+
+
+@dataclass(frozen=True)
+class System:
+    """One system: ``runner`` script in ``experiments/peers/``; ``venv`` None = this interpreter."""
+
+    name: str
+    algo: str
+    runner: str
+    venv: str | None = None
+    mode: str | None = None
+
+    @property
+    def is_tianji(self) -> bool:
+        """True for the tianji_jax variants (run with this interpreter and this checkout)."""
+        return self.venv is None
+
+
+TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
+          for m in ("anakin", "sync", "one_step", "relaxed")] + \
+         [System(f"tianji_jax DQN {m}", "dqn", "tianji_runner.py", mode=m) for m in ("anakin", "async")]
+PEERS = [System("rejax PPO", "ppo", "rejax_runner.py", "rejax"), System("rejax DQN", "dqn", "rejax_runner.py", "rejax"),
+         System("SB3 PPO", "ppo", "sb3_runner.py", "sb3"), System("SB3 DQN", "dqn", "sb3_runner.py", "sb3"),
+         System("RLlib PPO", "ppo", "rllib_runner.py", "rllib"), System("RLlib DQN", "dqn", "rllib_runner.py", "rllib")]
+
+# Virtual environments of the peers: pip steps in order, the import that proves an install, and
+# whether Box2D (LunarLander) is wanted. torch==2.13.0 first: it resolves to the CPU wheel on this
+# machine's local index (another torch spec may pull a multi-GB CUDA build). Box2D: the prebuilt
+# ``box2d`` 2.3.10 wheel (gymnasium 1.2's ``[box2d]`` extra asks for box2d-py 2.3.5, which must be
+# built with swig and fails here) and pygame, which gymnasium's box2d package imports.
+VENVS: dict[str, dict[str, Any]] = {
+    "sb3": {"steps": [["torch==2.13.0"], ["stable-baselines3==2.9.2"]], "check": "import stable_baselines3",
+            "box2d": True},
+    "rllib": {"steps": [["torch==2.13.0"], ["ray[rllib]==2.60.0"]], "check": "import ray.rllib", "box2d": True},
+    "rejax": {"steps": [["rejax==0.1.3", "gymnax==0.0.9"]], "check": "import rejax", "box2d": False},
+}
+BOX2D = {"steps": [["box2d==2.3.10", "pygame"]], "check": "import Box2D, gymnasium; gymnasium.make('LunarLander-v3')"}
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text[-n:].strip()
+
+
+def _run_ok(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s: {' '.join(cmd)}"
+    return p.returncode == 0, p.stdout + p.stderr
+
+
+def ensure_venv(name: str, cache_dir: Path, install_timeout_s: float) -> tuple[Path | None, str, str]:
+    """(python of the venv or None, install error or '', Box2D error or '') for peer ``name``.
+
+    A venv whose check import succeeds is used as it is; otherwise it is (re)created under
+    ``cache_dir/name`` with ``python -m venv`` and the pip steps of :data:`VENVS` (each step
+    limited to ``install_timeout_s``)."""
+    spec, venv = VENVS[name], cache_dir / name
+    python = venv / "bin" / "python"
+    ok, _ = _run_ok([str(python), "-c", spec["check"]], 120) if python.exists() else (False, "")
+    if not ok:
+        print(f"installing peer {name} into {venv} ...", flush=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        base = getattr(sys, "_base_executable", sys.executable)  # the interpreter this venv was made from
+        ok, out = _run_ok([base, "-m", "venv", str(venv)], 300)
+        if not ok:
+            return None, _tail(out), ""
+        for step in spec["steps"]:
+            ok, out = _run_ok([str(python), "-m", "pip", "install", "-q", *step], install_timeout_s)
+            if not ok:
+                return None, f"pip install {' '.join(step)} failed: {_tail(out)}", ""
+        ok, out = _run_ok([str(python), "-c", spec["check"]], 300)
+        if not ok:
+            return None, f"{spec['check']!r} failed after installation: {_tail(out)}", ""
+    box2d_error = ""
+    if spec["box2d"]:
+        ok, out = _run_ok([str(python), "-c", BOX2D["check"]], 120)
+        if not ok:
+            for step in BOX2D["steps"]:
+                ok, out = _run_ok([str(python), "-m", "pip", "install", "-q", *step], install_timeout_s)
+                if not ok:
+                    break
+            if ok:
+                ok, out = _run_ok([str(python), "-c", BOX2D["check"]], 120)
+            box2d_error = "" if ok else f"Box2D for LunarLander: {_tail(out)}"
+    return python, "", box2d_error
+
+
+def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, Any], tmp_dir: Path) -> dict[str, Any]:
+    """Run one (system, row, seed) in a fresh process; the record written to ``records/``.
+
+    ``status``: ``done`` (budget finished), ``capped`` (killed at ``row.cap_s``; the evaluations
+    so far are kept), ``failed`` (non-zero exit; ``reason`` = the end of its stderr) or
+    ``unsupported`` (``reason`` from the runner)."""
+    spec = {"algo": system.algo, "env": row.name, "seed": seed, "eval_every": row.eval_every, "eval_episodes": 10,
+            "mode": system.mode, "threads": 1, "tmp_dir": str(tmp_dir), **extra}
+    env = dict(os.environ)
+    if system.is_tianji:  # the tianji_jax of this checkout
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    else:  # a peer sees only its own venv
+        env.pop("PYTHONPATH", None)
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+    err_path = tmp_dir / "stderr.txt"
+    record: dict[str, Any] = {"env": row.name, "system": system.name, "algo": system.algo, "mode": system.mode,
+                              "seed": seed, "threshold": row.threshold, "eval_every": row.eval_every,
+                              "cap_s": row.cap_s, "evals": [], "info": {}, "reason": ""}
+    lines: queue.Queue[str | None] = queue.Queue()
+    with open(err_path, "w") as err:
+        spec["t0"] = time.time()
+        proc = subprocess.Popen([str(python), str(PEERS_DIR / system.runner), json.dumps(spec)], cwd=PEERS_DIR,
+                                env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline, status = spec["t0"] + row.cap_s, None
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                status = "capped"
+                break
+            if line is None:
+                break
+            kind, _, payload = line.partition(" ")
+            if kind == "CONV_EVAL":
+                record["evals"].append(json.loads(payload))
+            elif kind == "CONV_INFO":
+                record["info"] = json.loads(payload)
+            elif kind == "CONV_DONE":
+                record["done"] = json.loads(payload)
+            elif kind == "CONV_UNSUPPORTED":
+                status, record["reason"] = "unsupported", json.loads(payload)["reason"]
+        if status == "capped":
+            os.killpg(proc.pid, signal.SIGKILL)  # the runner and what it started in its process group
+        rc = proc.wait(timeout=60)
+    kill_leftovers(tmp_dir)
+    record["process_wall_s"] = time.time() - spec["t0"]
+    if status is None:
+        status = "done" if rc == 0 and "done" in record else "failed"
+        if status == "failed":
+            record["reason"] = f"exit code {rc}: {_tail(err_path.read_text(errors='replace'), 2500)}"
+    record["status"] = status
+    return record
+
+
+def kill_leftovers(tmp_dir: Path) -> list[int]:
+    """SIGKILL processes whose command line names this run's private ``tmp_dir`` (Ray's GCS, raylet
+    and workers start in sessions of their own, so killing the runner's group may miss them).
+    Returns the pids killed."""
+    killed = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(tmp_dir) in cmdline and int(proc_dir.name) != os.getpid():
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+                killed.append(int(proc_dir.name))
+            except OSError:
+                pass
+    return killed
+
+
+def run_key(row: str, system: str, seed: int) -> str:
+    """File stem of a run record: ``<row>__<system with _ for spaces>__seed<k>``."""
+    return f"{row}__{system.replace(' ', '_')}__seed{seed}"
+
+
+def summarize_run(r: dict[str, Any]) -> dict[str, Any]:
+    """One line of ``runs.csv`` from a run record (NaN where not reached / not measured)."""
+    ev = r.get("evals", [])
+    steps = np.asarray([e["env_steps"] for e in ev], float)
+    wall = np.asarray([e["wall_s"] for e in ev], float)
+    eval_s = np.asarray([e["eval_s"] for e in ev], float)
+    ret = np.asarray([e["eval_return_mean"] for e in ev], float)
+    hit = np.nonzero(ret >= r["threshold"])[0]
+    i = hit[0] if len(hit) else None
+    info = r.get("info", {})
+    # (records of SB3 runs made before its runner reported the budget carry the zoo's n_timesteps)
+    budget = info.get("budget_env_steps", info.get("config", {}).get("n_timesteps", math.nan))
+    return {
+        "env": r["env"], "system": r["system"], "algo": r["algo"], "seed": r["seed"], "status": r["status"],
+        "steps_to_threshold": steps[i] if i is not None else math.nan,
+        "train_wall_s_to_threshold": wall[i] - eval_s[i] if i is not None else math.nan,
+        "wall_s_to_threshold": wall[i] if i is not None else math.nan,
+        "first_eval_wall_s": wall[0] if len(wall) else math.nan,
+        "final_eval_return": ret[-1] if len(ret) and r["status"] == "done" else math.nan,
+        "last_eval_return": ret[-1] if len(ret) else math.nan,
+        "best_eval_return": ret.max() if len(ret) else math.nan,
+        "last_eval_env_steps": steps[-1] if len(steps) else math.nan,
+        "budget_env_steps": float(budget) if budget is not None else math.nan,
+        "evals": len(ev), "eval_s_total": eval_s[-1] if len(eval_s) else math.nan,
+        "process_wall_s": r.get("process_wall_s", math.nan), "reason": r.get("reason", "").replace("\n", " ")[:300],
+    }
+
+
+def _median_inf(values) -> float:
+    """Median with NaN (threshold never reached) counted as +inf: a median over seeds that mostly
+    never reach the threshold is itself 'never'."""
+    v = np.asarray([np.inf if not np.isfinite(x) else x for x in values], float)
+    return float(np.median(v)) if len(v) else math.nan
+
+
+def aggregate(runs: list[dict[str, Any]], systems: list[System], rows: list[Row]) -> list[dict[str, Any]]:
+    """``results.csv``: per (row, system) medians over seeds and ratios against tianji_jax's best.
+
+    ``*_median`` count a seed that never reached the threshold as +inf (written as ``inf``);
+    ``x_tianji_best_*`` divide by the smallest such median among the tianji_jax variants of the
+    same algorithm on the same row (NaN when none reached it)."""
+    out = []
+    for row in rows:
+        for s in systems:
+            rs = [r for r in runs if r["env"] == row.name and r["system"] == s.name]
+            if not rs:
+                continue
+            measured = [r for r in rs if r["status"] in ("done", "capped")]
+            statuses = sorted({r["status"] for r in rs})
+            res = {"env": row.name, "threshold": row.threshold, "system": s.name, "algo": s.algo,
+                   "tianji": s.is_tianji, "status": "/".join(statuses), "seeds": len(measured),
+                   "reached": sum(np.isfinite(r["steps_to_threshold"]) for r in measured),
+                   "budget_env_steps": C.median(r["budget_env_steps"] for r in rs),
+                   "reason": next((r["reason"] for r in rs if r["reason"]), "")}
+            for k in ("train_wall_s_to_threshold", "wall_s_to_threshold", "steps_to_threshold"):
+                vals = [r[k] for r in measured]
+                finite = [v for v in vals if np.isfinite(v)]
+                res[k + "_median"] = _median_inf(vals) if measured else math.nan
+                res[k + "_min"] = min(finite) if finite else math.nan
+                res[k + "_max"] = max(finite) if finite else math.nan
+            for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s"):
+                vals = [r[k] for r in measured if np.isfinite(r[k])]
+                res[k + "_median"] = C.median(vals)
+                res[k + "_min"] = min(vals) if vals else math.nan
+                res[k + "_max"] = max(vals) if vals else math.nan
+            out.append(res)
+        for algo in ("ppo", "dqn"):
+            same = [o for o in out if o["env"] == row.name and o["algo"] == algo]
+            tj = [o for o in same if o["tianji"] and o["seeds"]]
+            for k in ("train_wall_s_to_threshold", "steps_to_threshold"):
+                best = min((o[k + "_median"] for o in tj), default=math.inf)
+                for o in same:
+                    o["x_tianji_best_" + k.split("_to_")[0]] = (o[k + "_median"] / best if np.isfinite(best)
+                                                                and o["seeds"] else math.nan)
+            best_sys = min(tj, key=lambda o: o["train_wall_s_to_threshold_median"], default=None)
+            for o in same:
+                o["tianji_best"] = best_sys["system"] if best_sys and np.isfinite(
+                    best_sys["train_wall_s_to_threshold_median"]) else ""
+    return out
+
+
+def fmt_range(o: dict[str, Any], key: str, fmt: str) -> str:
+    """``median [min..max]`` of ``results.csv`` columns ``key_{median,min,max}``; 'never' for inf."""
+    m = o.get(key + "_median", math.nan)
+    if not np.isfinite(m):
+        return "never" if m == math.inf else "-"
+    lo, hi = o[key + "_min"], o[key + "_max"]
+    return fmt.format(m) + (f" [{fmt.format(lo)}..{fmt.format(hi)}]" if np.isfinite(lo) and lo != hi else "")
+
+
+def make_summary(args, rows: list[Row], systems: list[System], results: list[dict[str, Any]],
+                 runs: list[dict[str, Any]], peer_errors: dict[str, str], load_start, wall_s: float,
+                 commands: list[str]) -> str:
+    """``summary.md``: protocol, one table per row, capped / failed / unsupported / skipped runs."""
+    lines = [f"# Time to threshold: tianji_jax against peers {'(--quick)' if args.quick else ''}", "",
+             f"Command: `{C.command()}`" + ("" if commands == [C.command()] else "; the runs were made by "
+                                             + ", ".join(f"`{c}`" for c in commands)), "", C.SHARED_NOTE, "",
+             f"Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
+             f"compilation and env creation included) to the end of the first evaluation whose mean return over 10 "
+             f"deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
+             f"times its own; `wall incl. eval` keeps it). Evaluation every `eval_every` env steps (rounded up to "
+             f"each system's iteration), so steps and seconds to threshold are resolved to one evaluation interval. "
+             f"Median [min..max] over seeds; a seed that never reached the threshold counts as +inf in the median "
+             f"('never' when most did not). *x best* = median / the median of the best tianji_jax variant of the "
+             f"same algorithm on the same row (marked 1.00), measured in this same invocation. *return at end* = "
+             f"the evaluation at the end of each system's own budget (empty for runs stopped by the wall cap). "
+             f"Runs were sequential (env, then seed, then system). Total wall {wall_s:.0f} s of this invocation "
+             f"(earlier invocations' runs were resumed from `records/`); load average at start {load_start}, at each "
+             f"run's start in `runs.csv` (`loadavg_1m`).", "",
+             "Hyper-parameters: tianji_jax's defaults (`PPOConfig()`: CleanRL's tuned CartPole PPO with 8 envs; "
+             "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO with the "
+             "rl-baselines3-zoo LunarLander settings); Stable-Baselines3 with rl-baselines3-zoo's tuned "
+             "`ppo.yml`/`dqn.yml`; RLlib with its tuned examples `cartpole_ppo.py`/`cartpole_dqn.py`; rejax with its "
+             "`configs/gymnax/cartpole.yaml` (0.1.x API). Each system keeps its own tuned budget (column *budget*). See "
+             "`experiments/peers/*_runner.py`.", ""]
+    loads = [r["loadavg_1m"] for r in runs if np.isfinite(r["loadavg_1m"])]
+    if loads:
+        lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores. "
+                  + ("When several commands made the runs (listed above), they ran partly at the same time, each "
+                     "on its own seeds or systems, to fit the runs into the time available." if len(commands) > 1
+                     else ""), ""]
+    for row in rows:
+        rs = [o for o in results if o["env"] == row.name]
+        if not rs:
+            continue
+        lines += [f"## {row.name} (threshold {row.threshold:g}; evaluation every {row.eval_every} env steps; "
+                  f"cap {row.cap_s:.0f} s per run)", "",
+                  "| system | budget (env steps) | seeds | reached | train wall s to threshold | x best | "
+                  "wall s incl. eval | env steps to threshold | x best | return at end | first eval at (s) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for o in rs:
+            if o["status"] in ("unsupported", "skipped") or not o["seeds"]:
+                continue
+            xb = lambda k: (f"{o[k]:.2f}" if np.isfinite(o[k]) else "-")  # noqa: E731
+            lines.append(
+                f"| {o['system']} | {o['budget_env_steps']:,.0f} | {o['seeds']} | {o['reached']}/{o['seeds']} | "
+                f"{fmt_range(o, 'train_wall_s_to_threshold', '{:.1f}')} | {xb('x_tianji_best_train_wall_s')} | "
+                f"{fmt_range(o, 'wall_s_to_threshold', '{:.1f}')} | {fmt_range(o, 'steps_to_threshold', '{:,.0f}')} | "
+                f"{xb('x_tianji_best_steps')} | {fmt_range(o, 'final_eval_return', '{:.0f}')} | "
+                f"{fmt_range(o, 'first_eval_wall_s', '{:.1f}')} |")
+        capped = sorted({(r["system"], r["seed"]) for r in runs if r["env"] == row.name and r["status"] == "capped"})
+        failed = [r for r in runs if r["env"] == row.name and r["status"] == "failed"]
+        lines.append("")
+        if capped:
+            lines.append(f"Stopped by the {row.cap_s:.0f} s cap (evaluations so far kept, no return at end): "
+                         + ", ".join(f"{s} seed {k}" for s, k in capped) + ".")
+        for r in failed:
+            lines.append(f"Failed: {r['system']} seed {r['seed']}: `{r['reason'][-300:]}`")
+        for o in rs:
+            if o["status"] in ("unsupported", "skipped"):
+                lines.append(f"- {o['system']}: **{o['status']}**: {o['reason']}")
+        not_run = [s.name for s in systems if not quick_skip(args, row, s) and not any(o["system"] == s.name for o in rs)]
+        if not_run:
+            lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
+        lines.append("")
+    if peer_errors:
+        lines += ["Peer installation: " + "; ".join(f"{k}: {v[:300]}" for k, v in peer_errors.items()), ""]
+    short = sorted({(o["env"], o["system"], o["seeds"]) for o in results
+                    if o["status"] not in ("unsupported", "skipped") and o["seeds"] < args.seeds})
+    if short:
+        lines += ["**Partial results**: fewer than the requested " f"{args.seeds} seeds (the run was interrupted "
+                  "or is still to be resumed): " + ", ".join(f"{e} / {s}: {n}" for e, s, n in short) + ".", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], runs: list[dict[str, Any]], results: list[dict[str, Any]], path: Path) -> None:
+    """``convergence.png``: per row, every run's eval return against wall s (evaluation excluded, log
+    scale), and the median wall s to threshold per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [row for row in rows if any(r["env"] == row.name and r["evals"] for r in runs)]
+    fig, axes = plt.subplots(max(1, len(shown)), 2, figsize=(14, 4.5 * max(1, len(shown))), squeeze=False)
+    for row, (ax, bx) in zip(shown, axes):
+        names = [o["system"] for o in results if o["env"] == row.name and o["seeds"]]
+        for i, name in enumerate(names):
+            for r in runs:
+                if r["env"] == row.name and r["system"] == name and r["evals"]:
+                    t = [e["wall_s"] - e["eval_s"] for e in r["evals"]]
+                    ax.plot(t, [e["eval_return_mean"] for e in r["evals"]], color=f"C{i % 10}",
+                            ls="-" if "tianji" in name else "--", lw=1, alpha=0.8, label=name if r["seed"] == 0 else None)
+        ax.axhline(row.threshold, color="k", lw=0.7, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("wall s from process start, evaluation time excluded (log)")
+        ax.set_ylabel("eval return (10 deterministic episodes)")
+        ax.set_title(f"{row.name}: every seed", fontsize=9)
+        ax.legend(fontsize=7)
+        res = [o for o in results if o["env"] == row.name and o["seeds"]]
+        med = [o["train_wall_s_to_threshold_median"] for o in res]
+        fin = [m if np.isfinite(m) else np.nan for m in med]
+        bx.barh(range(len(res)), fin, color=[f"C{i % 10}" for i in range(len(res))])
+        for i, m in enumerate(med):
+            if not np.isfinite(m):
+                bx.text(0.01, i, "never / not reached", va="center", fontsize=7, transform=bx.get_yaxis_transform())
+        bx.set_yticks(range(len(res)))
+        bx.set_yticklabels([o["system"] for o in res], fontsize=7)
+        bx.set_xlabel(f"median wall s to {row.threshold:g} (evaluation excluded)")
+        bx.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Install the peers if needed, run what ``records/`` lacks, write the outputs; returns 0.
+
+    Raises (through argparse, before any work): unknown ``--envs``, ``--seeds < 1``, ``--systems``
+    matching nothing."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tianji_jax only (PPO anakin and relaxed, DQN anakin on CartPole; the unsupported "
+                             "DQN LunarLander row), 1 seed, 30k env steps, CartPole threshold 200")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed-list", default="", help="comma-separated seeds to run in this invocation "
+                        "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
+    parser.add_argument("--envs", default="CartPole-v1,LunarLander", help="comma-separated rows, in order")
+    parser.add_argument("--systems", default="", help="comma-separated substrings; keep systems whose name "
+                                                      "contains one (default: all)")
+    parser.add_argument("--cartpole-cap-s", type=float, default=300.0, help="wall cap per CartPole run")
+    parser.add_argument("--lunarlander-cap-s", type=float, default=900.0, help="wall cap per LunarLander run")
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tianji_jax" / "peers",
+                        help="where the peers' virtual environments are created")
+    parser.add_argument("--install-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the outputs from the run records already in --out; run and install nothing")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "convergence")
+    args = parser.parse_args(argv)
+    t_start, load_start = time.perf_counter(), C.loadavg()
+    all_rows = {"CartPole-v1": Row("CartPole-v1", 475.0, 10_240, args.cartpole_cap_s),
+                "LunarLander": Row("LunarLander", 200.0, 32_768, args.lunarlander_cap_s)}
+    names = [e for e in args.envs.split(",") if e]
+    unknown = [e for e in names if e not in all_rows]
+    if unknown:
+        parser.error(f"--envs: unknown {unknown}; allowed: {list(all_rows)}")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    rows = [all_rows[e] for e in names]
+    systems = TIANJI + PEERS
+    extra: dict[str, dict[str, Any]] = {}
+    if args.quick:  # threshold 200 on CartPole, so that the small budgets reach it and the ratios are exercised
+        args.seeds = 1
+        rows = [Row("CartPole-v1", 200.0, 10_240, args.cartpole_cap_s), all_rows["LunarLander"]]
+        systems = [s for s in TIANJI if s.mode in ("anakin", "relaxed")]
+        extra = {"ppo": {"total_env_steps": 30_720}, "dqn": {"total_env_steps": 30_000}}
+    if args.systems:
+        keep = [k for k in args.systems.split(",") if k]
+        systems = [s for s in systems if any(k in s.name for k in keep)]
+        if not systems:
+            parser.error(f"--systems {args.systems!r} matches none of {[s.name for s in TIANJI + PEERS]}")
+    seeds = [int(k) for k in args.seed_list.split(",") if k] or list(range(args.seeds))
+    if any(k < 0 for k in seeds):
+        parser.error(f"--seed-list: seeds must be >= 0, got {args.seed_list!r}")
+    runs_dir = args.out / "records"  # (not "runs/": the repository's .gitignore ignores run directories)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    # per-run scratch (Ray's temp dir): short, outside the repo (Ray's socket paths must stay < 108 bytes)
+    tmp_root = Path(tempfile.mkdtemp(prefix="tj-conv-"))
+
+    pythons: dict[str | None, Path | None] = {None: Path(sys.executable)}
+    peer_errors: dict[str, str] = {}
+    box2d_errors: dict[str, str] = {}
+    for name in sorted({s.venv for s in systems if s.venv} if not args.report_only else ()):
+        python, err, box_err = ensure_venv(name, args.cache_dir, args.install_timeout_s)
+        pythons[name] = python
+        if err:
+            peer_errors[name] = err
+        if box_err:
+            box2d_errors[name] = box_err
+        print(f"peer {name}: {python or 'SKIPPED: ' + err[:300]}{' (' + box_err[:200] + ')' if box_err else ''}",
+              flush=True)
+
+    for row in rows:
+        for seed in seeds:
+            for s in systems:
+                if quick_skip(args, row, s):
+                    continue
+                path = runs_dir / (run_key(row.name, s.name, seed) + ".json")
+                if path.exists() or args.report_only:
+                    continue
+                base = {"env": row.name, "system": s.name, "algo": s.algo, "mode": s.mode, "seed": seed,
+                        "threshold": row.threshold, "eval_every": row.eval_every, "cap_s": row.cap_s, "evals": [],
+                        "info": {}}
+                if s.venv and pythons[s.venv] is None:
+                    record = {**base, "status": "skipped", "reason": f"installation failed: {peer_errors[s.venv]}"}
+                elif s.venv and row.name == "LunarLander" and s.venv in box2d_errors:
+                    record = {**base, "status": "skipped", "reason": box2d_errors[s.venv]}
+                else:
+                    tmp = tmp_root / "run"
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    tmp.mkdir(parents=True)
+                    load = C.loadavg()
+                    record = run_one(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp)
+                    record["loadavg_start"] = load
+                    shutil.rmtree(tmp, ignore_errors=True)
+                record["command"] = C.command()
+                path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+                r = summarize_run(record)
+                print(f"{row.name} seed {seed} {s.name:24s} {record['status']:11s} to {row.threshold:g}: "
+                      f"{r['steps_to_threshold']:.0f} steps, {r['train_wall_s_to_threshold']:.1f} s "
+                      f"(+eval {r['wall_s_to_threshold']:.1f} s); end return {r['final_eval_return']:.1f}; "
+                      f"{record['process_wall_s'] if 'process_wall_s' in record else 0:.0f} s {r['reason'][:200]}",
+                      flush=True)
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    write_outputs(args, rows, systems, runs_dir, peer_errors, load_start, time.perf_counter() - t_start)
+    return 0
+
+
+def quick_skip(args, row: Row, s: System) -> bool:
+    """--quick runs CartPole for its systems and, on LunarLander, only the unsupported DQN row."""
+    return args.quick and row.name == "LunarLander" and s.name != "tianji_jax DQN anakin"
+
+
+def write_outputs(args, rows, systems, runs_dir: Path, peer_errors, load_start, wall_s: float) -> None:
+    """Everything under ``args.out`` from the run records in ``runs_dir`` (those of ``systems`` and ``rows``)."""
+    wanted = {(row.name, s.name) for row in rows for s in systems}
+    records = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))]
+    records = [r for r in records if (r["env"], r["system"]) in wanted]
+    order = {(row.name, s.name): i for i, (row, s) in enumerate((row, s) for row in rows for s in systems)}
+    records.sort(key=lambda r: (order[(r["env"], r["system"])], r["seed"]))
+    runs = []
+    for rec in records:
+        line = summarize_run(rec)
+        line["loadavg_1m"] = (rec.get("loadavg_start") or [math.nan])[0]
+        runs.append(line)
+    results = aggregate(runs, systems, rows)
+    C.write_csv(runs, args.out / "runs.csv")
+    C.write_csv([{"env": r["env"], "system": r["system"], "seed": r["seed"], **e} for r in records for e in r["evals"]],
+                args.out / "curves.csv")
+    C.write_csv(results, args.out / "results.csv")
+    commands = sorted({r.get("command", "python experiments/convergence.py") for r in records})
+    summary = make_summary(args, rows, systems, results, runs, peer_errors, load_start, wall_s, commands)
+    (args.out / "summary.md").write_text(summary)
+    versions = {}
+    for r in records:
+        versions.setdefault(r["system"].split()[0], r.get("info", {}).get("versions"))
+    C.write_machine(args.out, {"loadavg_start": load_start, "wall_s": wall_s, "peer_versions": versions,
+                               "peer_install_errors": peer_errors, "cache_dir": str(args.cache_dir),
+                               "sizes": {"seeds": args.seeds, "rows": [r.__dict__ for r in rows],
+                                         "systems": [s.name for s in systems]}})
+    plot(rows, records, results, args.out / "convergence.png")
+    print(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""rejax runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``); runs in its own venv
+(rejax 0.1.3 with gymnax 0.0.9: rejax's ``env.step`` unpacks gymnax 0.0.x's 5-tuple).
+
+Hyper-parameters: rejax's ``configs/gymnax/cartpole.yaml`` (ppo and dqn sections of the 0.1.x API,
+copied as data below; the later ``configs/cartpole.yaml`` names DQN fields 0.1.3 does not have),
+except ``eval_freq``, which is the experiment's common evaluation interval. rejax trains in one
+compiled ``lax.scan`` with an evaluation callback every ``eval_freq`` env steps; the callback here
+plays ``eval_episodes`` deterministic episodes (argmax of the policy logits / of Q) instead of
+rejax's 128 sampled ones, and reports each evaluation to the host with ``io_callback`` as the
+compiled program runs, so wall times are taken while training proceeds. gymnax has no LunarLander:
+that row is unsupported.
+"""
+
+from __future__ import annotations
+
+import time
+
+import _protocol as P
+
+spec = P.read_spec()
+if spec["env"] != "CartPole-v1":
+    P.unsupported(f"rejax trains on gymnax/brax envs; gymnax has no {spec['env']}")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import io_callback  # noqa: E402
+
+import rejax  # noqa: E402
+from rejax.evaluate import evaluate  # noqa: E402
+
+CARTPOLE_YAML = {  # rejax configs/gymnax/cartpole.yaml of the 0.1.x API (DQN: num_epochs, polyak)
+    "ppo": dict(env="CartPole-v1", agent_kwargs={"activation": "tanh"}, num_envs=5, num_steps=100, num_epochs=5,
+                num_minibatches=5, learning_rate=0.00075, max_grad_norm=0.5, total_timesteps=100_000, gamma=0.99,
+                gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5),
+    "dqn": dict(env="CartPole-v1", agent="DuelingQNetwork", agent_kwargs={"activation": "swish"}, num_envs=10,
+                buffer_size=50_000, fill_buffer=5_000, batch_size=100, max_grad_norm=10, learning_rate=0.001,
+                num_epochs=5, total_timesteps=100_000, polyak=0.98, eps_start=1, eps_end=0.05,
+                exploration_fraction=0.5, gamma=0.99, ddqn=True, normalize_observations=False),
+}
+algo_name = spec["algo"]
+config = dict(CARTPOLE_YAML[algo_name], eval_freq=int(spec["eval_every"]), skip_initial_evaluation=True)
+if spec.get("total_env_steps"):
+    config["total_timesteps"] = int(spec["total_env_steps"])
+P.send("CONV_INFO", {"versions": {"rejax": "0.1.3", "jax": jax.__version__}, "config": config,
+                     "budget_env_steps": config["total_timesteps"]})
+
+log = P.EvalLog(spec)
+_started = [0.0]
+
+
+def _start(step) -> np.ndarray:
+    _started[0] = time.perf_counter()
+    return np.zeros((), np.uint32)
+
+
+def _end(step, returns) -> None:
+    log.add_eval_time(time.perf_counter() - _started[0])
+    log.report(int(step), [float(r) for r in np.asarray(returns)])
+
+
+def greedy(algo, ts):
+    if algo_name == "ppo":
+        def act(obs, rng):
+            dist = algo.actor.apply(ts.actor_ts.params, obs[None], method="_action_dist")
+            return jnp.squeeze(jnp.argmax(dist.logits, axis=-1))
+    else:
+        def act(obs, rng):
+            return jnp.squeeze(jnp.argmax(algo.agent.apply(ts.q_ts.params, obs[None]), axis=-1))
+    return act
+
+
+def eval_callback(algo, ts, rng):
+    # the start stamp depends on the trained state (so training is over) and the evaluation on the stamp
+    zero = io_callback(_start, jax.ShapeDtypeStruct((), jnp.uint32), ts.global_step, ordered=True)
+    rng = jax.random.fold_in(rng, zero)
+    _, returns = evaluate(greedy(algo, ts), rng, algo.env, algo.env_params, int(spec["eval_episodes"]),
+                          algo.env_params.max_steps_in_episode)
+    io_callback(_end, None, ts.global_step, returns, ordered=True)
+    return returns
+
+
+algo = rejax.get_algo(algo_name).create(**config)
+algo = algo.replace(eval_callback=eval_callback)
+train = jax.jit(algo.train)
+ts, _ = jax.block_until_ready(train(jax.random.PRNGKey(int(spec["seed"]))))
+P.send("CONV_DONE", {"budget_env_steps": int(ts.global_step), "evals": log.count})

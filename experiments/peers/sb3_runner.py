@@ -1,0 +1,94 @@
+"""Stable-Baselines3 runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``); runs in
+its own venv (torch 2.13.0 CPU wheel, stable-baselines3, gymnasium[box2d]) with one torch thread.
+
+Hyper-parameters: rl-baselines3-zoo's tuned ``hyperparams/ppo.yml`` and ``dqn.yml`` entries for
+CartPole-v1 and LunarLander (copied as data below; ``lin_x`` = linear decay from x to 0, as in the
+zoo). gymnasium ``CartPole-v1`` and ``LunarLander-v3`` (the zoo's LunarLander-v2 entry; gymnasium
+1.x renamed the env). Evaluation: ``evaluate_policy`` with ``deterministic=True`` on a separate
+env, from a callback at the first training step past each multiple of ``eval_every`` env steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import _protocol as P
+
+spec = P.read_spec()
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(spec.get("threads", 1)))
+
+import gymnasium as gym  # noqa: E402
+import stable_baselines3 as sb3  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+from stable_baselines3.common.evaluation import evaluate_policy  # noqa: E402
+
+ZOO = {
+    ("ppo", "CartPole-v1"): dict(n_envs=8, n_timesteps=100_000, n_steps=32, batch_size=256, gae_lambda=0.8,
+                                 gamma=0.98, n_epochs=20, ent_coef=0.0, learning_rate="lin_0.001", clip_range="lin_0.2"),
+    ("ppo", "LunarLander"): dict(n_envs=16, n_timesteps=1_000_000, n_steps=1024, batch_size=64, gae_lambda=0.98,
+                                 gamma=0.999, n_epochs=4, ent_coef=0.01),
+    ("dqn", "CartPole-v1"): dict(n_envs=1, n_timesteps=50_000, learning_rate=2.3e-3, batch_size=64,
+                                 buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
+                                 train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                                 exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]}),
+    ("dqn", "LunarLander"): dict(n_envs=1, n_timesteps=100_000, learning_rate=6.3e-4, batch_size=128,
+                                 buffer_size=50_000, learning_starts=0, gamma=0.99, target_update_interval=250,
+                                 train_freq=4, gradient_steps=-1, exploration_fraction=0.12,
+                                 exploration_final_eps=0.1, policy_kwargs={"net_arch": [256, 256]}),
+}
+GYM_IDS = {"CartPole-v1": "CartPole-v1", "LunarLander": "LunarLander-v3"}
+
+
+def linear(x0: float):
+    return lambda progress_remaining: progress_remaining * x0
+
+
+hp = dict(ZOO[(spec["algo"], spec["env"])])
+n_envs, budget = hp["n_envs"], int(spec.get("total_env_steps") or hp["n_timesteps"])
+P.send("CONV_INFO", {"versions": {"stable-baselines3": sb3.__version__, "torch": torch.__version__,
+                                  "gymnasium": gym.__version__, "torch_threads": torch.get_num_threads()},
+                     "config": hp, "env_id": GYM_IDS[spec["env"]], "budget_env_steps": budget})
+del hp["n_envs"], hp["n_timesteps"]
+for k in ("learning_rate", "clip_range"):
+    if isinstance(hp.get(k), str):
+        hp[k] = linear(float(hp[k].split("_")[1]))
+
+seed = int(spec["seed"])
+env = make_vec_env(GYM_IDS[spec["env"]], n_envs=n_envs, seed=seed)
+eval_env = gym.make(GYM_IDS[spec["env"]])
+eval_env.reset(seed=10_000 + seed)
+cls = {"ppo": sb3.PPO, "dqn": sb3.DQN}[spec["algo"]]
+model = cls("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
+log = P.EvalLog(spec)
+every = int(spec["eval_every"])
+
+
+class EvalEvery(BaseCallback):
+    def __init__(self):
+        super().__init__()
+        self.next = every
+        self.last = -1  # env steps of the last evaluation
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.next:
+            self.next += every * ((self.num_timesteps - self.next) // every + 1)
+            t = time.perf_counter()
+            returns, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=int(spec["eval_episodes"]),
+                                         deterministic=True, return_episode_rewards=True)
+            log.add_eval_time(time.perf_counter() - t)
+            log.report(self.num_timesteps, [float(r) for r in returns])
+            self.last = self.num_timesteps
+        return True
+
+
+callback = EvalEvery()
+model.learn(total_timesteps=budget, callback=callback)
+if callback.last < model.num_timesteps:  # the budget ended between two evaluations: evaluate its end
+    callback.next = model.num_timesteps
+    callback.num_timesteps = model.num_timesteps
+    callback._on_step()
+P.send("CONV_DONE", {"budget_env_steps": int(model.num_timesteps), "evals": log.count})

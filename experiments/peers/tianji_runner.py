@@ -1,0 +1,94 @@
+"""tianji_jax runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``).
+
+Modes: ``anakin`` (acting and learning fused in one compiled chunk), ``sync`` / ``one_step`` /
+``relaxed`` (the async runtime's schedules; DQN's async runtime has no schedule field and runs its
+lag gate at insert, ``max_policy_lag`` 4, reported as mode ``async``). Hyper-parameters: the
+library's defaults for CartPole-v1 (``PPOConfig()`` = CleanRL's tuned CartPole PPO with 8 envs,
+``DQNConfig()`` = CleanRL/PureJaxRL DQN plus Double DQN and 3-step targets); for LunarLander PPO
+on envpool ``LunarLander-v2``, the rl-baselines3-zoo LunarLander PPO settings (16 envs x 1024
+steps, minibatch 64, 4 epochs, gamma 0.999, lambda 0.98, entropy 0.01, lr 3e-4 constant).
+Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
+evaluator factories of :mod:`tianji_jax.training`; nothing in the library is changed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import _protocol as P
+
+spec = P.read_spec()
+
+import jax  # noqa: E402
+
+if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (design.md section 3)
+    jax.config.update("jax_num_cpu_devices", 2)
+
+import tianji_jax as tj  # noqa: E402
+import tianji_jax.training as training  # noqa: E402
+from tianji_jax.provenance import provenance  # noqa: E402
+
+log = P.EvalLog(spec)
+
+
+def _timed_factory(factory):
+    def make(*args, **kwargs):
+        fn = factory(*args, **kwargs)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            out = jax.block_until_ready(fn(*a, **k))
+            log.add_eval_time(time.perf_counter() - t)
+            return out
+
+        return timed
+
+    return make
+
+
+training._evaluator = _timed_factory(training._evaluator)
+training._dqn_evaluator = _timed_factory(training._dqn_evaluator)
+
+ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
+        "LunarLander": {"envpool": "envpool:LunarLander-v2"}}
+
+
+def make_config():
+    env, algo, mode = spec["env"], spec["algo"], spec["mode"]
+    common = dict(seed=int(spec["seed"]), eval_every_env_steps=int(spec["eval_every"]),
+                  eval_episodes=int(spec["eval_episodes"]))
+    if spec.get("total_env_steps"):
+        common["total_env_steps"] = int(spec["total_env_steps"])
+    env_id = ENVS[env].get("gymnax") or ENVS[env]["envpool"]
+    if algo == "ppo":
+        extra = {} if env == "CartPole-v1" else dict(
+            num_envs=16, num_steps=1024, num_minibatches=256, update_epochs=4, gamma=0.999, gae_lambda=0.98,
+            ent_coef=0.01, learning_rate=3e-4, anneal_lr=False, total_env_steps=common.get("total_env_steps",
+                                                                                          1_015_808))
+        common.update(extra)
+        if mode == "anakin":
+            return tj.PPOConfig(env=env_id, runtime="anakin", **common)
+        return tj.PPOConfig(env=env_id, runtime="async", schedule=mode, **common)
+    if mode not in ("anakin", "async"):
+        P.unsupported(f"DQNConfig has no schedule field: its async runtime gates lag at insert (mode 'async'), "
+                      f"not {mode!r}")
+    return tj.DQNConfig(env=env_id, runtime=mode, **common)
+
+
+try:
+    config = make_config()
+except ValueError as err:  # e.g. DQN on envpool, Anakin on a host env: the library rejects the config
+    P.unsupported(f"not yet supported by tianji_jax: {err}")
+
+P.send("CONV_INFO", {"versions": {"tianji_jax": provenance()["packages"].get("tianji-jax", "?"),
+                                  "jax": jax.__version__},
+                     "config": config.to_dict(), "budget_env_steps": config.env_steps})
+
+
+def on_row(row):
+    if row.get("eval_return_mean") == row.get("eval_return_mean"):  # not NaN
+        log.report(int(row["env_steps"]), float(row["eval_return_mean"]))
+
+
+tj.train(config, progress=False, callback=on_row, tensorboard=False)
+P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count})

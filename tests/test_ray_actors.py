@@ -1,0 +1,194 @@
+"""Remote actor nodes on Ray Core (design.md section 7): a two-node ``ray.cluster_utils.Cluster`` on
+127.0.0.1 whose head node (the learner, this process) offers no CPUs, so both remote actors run on
+the second node. Every Ray wait has a timeout; the cluster is shut down and every child process this
+module started is killed by its pid in the fixture's ``finally``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+import tianji_jax as tj
+from tianji_jax.config import PPOConfig
+
+SMALL = dict(env="envpool:CartPole-v1", runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=32,
+             num_minibatches=2, update_epochs=1, eval_episodes=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [  # more bad values in test_config.py's table
+    (dict(ray_address=""), "ray_address must be None, 'auto' or 'HOST:PORT'"),
+    (dict(ray_max_restarts=1.5), "ray_max_restarts must be an int"),
+])
+def test_ray_fields_are_validated(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        PPOConfig(**{**SMALL, **kwargs}, total_env_steps=4 * 32)
+
+
+def test_missing_ray_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ImportError, match=r"tianji-jax\[ray\]"):
+        PPOConfig(**SMALL, total_env_steps=4 * 32)
+
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """``(cluster, head_node_id, actor_node_id)``: a head node without CPUs (the learner) and an
+    actor node with 2 CPUs, both bound to 127.0.0.1, this process connected as the driver."""
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="tj-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    os.makedirs(os.path.join(temp, "ray"))
+    # RAY_TMPDIR: the cluster writes its address file there, not in the machine-wide /tmp/ray
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": temp}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # for the node processes; this process read its constant at import:
+    from ray._private import ray_constants
+
+    cluster_flag = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # else 127.0.0.1 is rewritten to the network address
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, node_ip_address="127.0.0.1",
+                                                              include_dashboard=False,
+                                                              temp_dir=os.path.join(temp, "ray")))
+        actor_node = c.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+        ray.init(address=c.address, _node_ip_address="127.0.0.1", log_to_driver=False)
+        yield c, c.head_node.node_id, actor_node.node_id
+    finally:
+        ray.shutdown()
+        if c is not None:
+            c.shutdown()
+        for p in me.children(recursive=True):
+            if p.pid not in before:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        psutil.wait_procs([p for p in me.children(recursive=True) if p.pid not in before], timeout=10)
+        shutil.rmtree(temp, ignore_errors=True)
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_flag
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_remote_actors_solve_cartpole(cluster, tmp_path):
+    """Training episode_return_mean >= 475 within 300k env steps (reached near 150k in a trial
+    run), every consumed sample within the lag bound, no chunk lost, both actors on the actor node."""
+    _, head_id, actor_id = cluster
+    budget = 300_000
+    config = PPOConfig(env="envpool:CartPole-v1", runtime="async", actor_backend="ray", num_actors=2, seed=0,
+                       total_env_steps=budget, eval_episodes=0, eval_every_env_steps=16_384)
+    placements: list[tuple[int, str]] = []
+
+    def callback(row: dict) -> None:
+        if not placements:
+            names = [n for n in ray.util.list_named_actors() if n.startswith("tianji-")]
+            placements.extend(ray.get([ray.get_actor(n).info.remote() for n in names], timeout=60))
+
+    tj.train(config, run_dir=tmp_path, progress=False, callback=callback)
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    print(df[["env_steps", "episode_return_mean", "sps", "policy_lag_max", "lost_chunks", "h2d_s"]].to_string())
+    hits = df[df["episode_return_mean"] >= 475]
+    assert len(hits) > 0 and hits["env_steps"].iloc[0] <= budget
+    assert (df["policy_lag_max"] <= config.policy_lag_bound).all()
+    assert (df["lost_chunks"] == 0).all()
+    assert len(placements) == 2 and {node for _, node in placements} == {actor_id} != {head_id}
+
+
+def _kill_during_rollout(client, after_chunks: int) -> list[int]:
+    """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
+    its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""
+    killed: list[int] = []
+    submit = client._submit
+
+    def submit_then_kill(params_ref, version):
+        task = submit(params_ref, version)
+        if not killed and len(client.chunks) >= after_chunks:
+            killed.append(client.chunks[-1].pid)
+            os.kill(killed[0], signal.SIGKILL)
+        return task
+
+    client._submit = submit_then_kill
+    return killed
+
+
+@pytest.mark.timeout(240)
+def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    config = PPOConfig(**SMALL, total_env_steps=4 * 32 * 5000, ray_max_restarts=2)
+    ppo = AsyncPPO(config)
+    try:
+        clients = ppo.ray_actors
+        killed = _kill_during_rollout(clients[0], after_chunks=3)
+
+        def restarted_actor_delivered(*_):  # stop once the restarted process has inserted 3 chunks
+            return sum(m.incarnation == 1 for m in clients[0].chunks) >= 3
+
+        done = ppo.runner.run(restarted_actor_delivered)
+        assert 6 <= done < config.num_updates
+        assert len(killed) == 1 and ppo.lost_chunks == 1 and clients[0].lost_chunks == 1
+        assert clients[0].deaths == 1 and clients[1].deaths == 0 and clients[1].lost_chunks == 0
+        metas = [m for c in clients for m in c.chunks]
+        ids = [(m.actor_id, m.pid, m.seq) for m in metas]
+        assert len(ids) == len(set(ids))  # no chunk delivered twice
+        pids = [m.pid for m in clients[0].chunks]
+        first_new = pids.index(next(p for p in pids if p != killed[0]))
+        assert pids[:first_new] == [killed[0]] * 3 and killed[0] not in pids[first_new:]  # restarted process
+        assert clients[0].incarnation == 1 and all(m.incarnation == 1 for m in clients[0].chunks[first_new + 1:])
+        # inserted == chunks the clients returned (the lost one never reached the queue)
+        runner = ppo.runner
+        assert [len(log) for log in runner.actor_logs] == [len(c.chunks) for c in clients]
+        assert runner.buffer.produced == len(metas) * config.batch_size
+        assert [m.version for m in clients[0].chunks] == runner.actor_logs[0]
+        assert len({m.version for m in metas}) <= ppo.param_publisher.puts <= done + 1  # one put per version
+    finally:
+        ppo.close()
+
+
+@pytest.mark.timeout(180)
+def test_actor_dying_past_max_restarts_stops_the_run(cluster):
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.ray_actors import RemoteActorError
+
+    config = PPOConfig(**{**SMALL, "num_actors": 1}, total_env_steps=4 * 32 * 200, ray_max_restarts=0)
+    ppo = AsyncPPO(config)
+    try:
+        _kill_during_rollout(ppo.ray_actors[0], after_chunks=2)
+        with pytest.raises(RemoteActorError, match="no longer restarts it .max_restarts=0"):
+            ppo.runner.run(lambda *_: False)
+        assert ppo.runner.buffer.produced == 2 * config.batch_size
+    finally:
+        ppo.close()
+
+
+def test_params_are_put_once_per_version_and_shared(cluster):
+    from tianji_jax.runtime.ray_actors import ParamPublisher
+
+    pub = ParamPublisher()
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    r0, r0_again = pub.ref(params, 0), pub.ref({"w": np.zeros((2, 3), np.float32)}, 0)
+    assert r0 == r0_again and pub.puts == 1  # the second actor asking for version 0 gets the same object
+    r1 = pub.ref({"w": params["w"] + 1}, 1)
+    assert r1 != r0 and pub.puts == 2
+    np.testing.assert_array_equal(ray.get(r1, timeout=30)["w"], params["w"] + 1)

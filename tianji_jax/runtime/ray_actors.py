@@ -1,0 +1,416 @@
+"""Decoupled actor nodes on Ray Core (design.md section 7, TianJi's role split).
+
+Each remote actor is a Ray actor process (on any node of a Ray cluster) that owns a host env
+(envpool/gymnasium) and a CPU copy of the policy, and runs the same
+:class:`~tianji_jax.runtime.host_actor.HostActor` loop a local actor thread runs. The learner
+process keeps the :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` unchanged: one thin
+:class:`RayActorClient` per remote actor stands in for an actor thread's ``act(params, version)``,
+so admission control, the lag gate and the rate limiter all apply at the learner's ingress
+exactly as for local actors.
+
+Transport (the design's ``publish`` / ``put`` / ``poll``):
+
+* ``publish(params, version)``: :class:`ParamPublisher` copies the params to host memory and
+  ``ray.put``-s them once per version; every actor's rollout task takes that one object ref.
+* ``put(chunk, meta)``: a rollout task returns one ``(T, N)`` trajectory (numpy arrays,
+  :data:`~tianji_jax.runtime.chunker.CHUNK_KEYS`, every step stamped with the version it was acted
+  with) plus its metadata (:class:`ChunkMeta`) through the object store.
+* ``poll()``: the client waits on the task with ``ray.wait`` in short slices, watching the
+  runner's stop event and a deadline, so nothing blocks forever.
+
+Failures: actors are created with ``max_restarts`` (Ray re-creates a dead actor process) and
+``max_task_retries=0`` (Ray never re-runs a rollout task, so a chunk can never arrive twice). A
+rollout lost to an actor death is counted in :attr:`RayActorClient.lost_chunks` and the client
+submits a new rollout to the restarted actor, which re-creates its env with a new seed
+(``incarnation``) and reports itself in :class:`ChunkMeta`. When an actor has died more than
+``max_restarts`` times the run stops with :class:`RemoteActorError`.
+
+Ray is optional: ``pip install tianji-jax[ray]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from tianji_jax.config import PPOConfig
+
+__all__ = ["require_ray", "RayContext", "ParamPublisher", "RayActorClient", "ChunkMeta", "RemoteActorError",
+           "STARTUP_TIMEOUT_S", "make_ray_actors"]
+
+STARTUP_TIMEOUT_S = 300.0
+"""Seconds :func:`make_ray_actors` waits for every remote actor to start."""
+
+_INSTALL_HINT = "Ray actor nodes need Ray: pip install 'tianji-jax[ray]' (or pip install 'ray>=2.60,<3')"
+
+
+def require_ray():
+    """Import and return the ``ray`` module.
+
+    Raises:
+        ImportError: Ray is not installed (the message says how to install it).
+    """
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(_INSTALL_HINT) from err
+    return ray
+
+
+class RemoteActorError(RuntimeError):
+    """A remote actor died and Ray would not restart it again (``max_restarts`` used up), or it
+    returned a chunk other than the one asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkMeta:
+    """What a remote actor reports with each chunk.
+
+    Attributes:
+        actor_id: index of the actor (0 .. num_actors - 1).
+        incarnation: how many times the client had seen this actor die when it asked for this
+            chunk (0 for the first process); the env seed depends on it.
+        seq: chunk index within the actor process (0, 1, ...); ``(actor_id, pid, seq)`` is unique
+            per chunk.
+        version: the policy version every step of the chunk was acted with.
+        pid: the actor process id; node_id: the Ray node it runs on (hex).
+        rollout_s, inference_s, env_step_s: seconds the actor spent on the rollout (inference +
+            env step), and on each half.
+        env_steps_discarded: cumulative env steps the actor's chunker dropped since it started
+            (leftovers when a rollout starts with newer params; ``dropped_partial`` in metrics).
+    """
+
+    actor_id: int
+    incarnation: int
+    seq: int
+    version: int
+    pid: int
+    node_id: str
+    rollout_s: float
+    inference_s: float
+    env_step_s: float
+    env_steps_discarded: int
+
+
+class _RolloutWorker:
+    """The body of a remote actor (wrapped by ``ray.remote`` in :func:`make_ray_actors`).
+
+    Owns a :class:`HostActor` built lazily on the first rollout of each incarnation, with the
+    policy jitted on this process's first CPU device. Not used directly.
+    """
+
+    def __init__(self, config: PPOConfig, actor_id: int):
+        self.config, self.actor_id = config, int(actor_id)
+        self.actor = None
+        self.incarnation: int | None = None
+        self.seq = 0
+
+    def _start(self, incarnation: int) -> None:
+        import jax
+        import ray
+
+        from tianji_jax.runtime.anakin import compile_key
+        from tianji_jax.runtime.host_actor import HostActor
+        from tianji_jax.runtime.ppo_parts import PPOParts
+
+        if self.actor is not None:
+            self.actor.close()
+        cfg = self.config
+        # a new env seed per incarnation, disjoint from every other actor's and incarnation's envs;
+        # a process Ray restarted while it was idle is asked for the old incarnation (the client
+        # learns of the death only from the next chunk's pid), so it mixes its pid in
+        salt = os.getpid() if ray.get_runtime_context().was_current_actor_reconstructed else 0
+        seed = (cfg.seed + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
+        parts = PPOParts(compile_key(cfg))
+        k_actor, _ = parts.split_init_key(jax.random.PRNGKey(cfg.seed))
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k_actor, self.actor_id), incarnation), salt)
+        self.timers = {"rollout_s": 0.0, "inference_s": 0.0, "env_step_s": 0.0, "h2d_s": 0.0}
+
+        def timer(name: str, t0: float) -> None:
+            self.timers[name] += time.perf_counter() - t0
+
+        device = jax.devices("cpu")[0]
+        self.actor = HostActor(cfg.replace(seed=seed), jax.jit(parts.act), self.actor_id, key, device,
+                               lambda traj: traj, timer)
+        self.incarnation = incarnation
+
+    def rollout(self, params: Any, version: int, incarnation: int) -> tuple[dict[str, np.ndarray], ChunkMeta]:
+        """One ``(T, N)`` trajectory acted with ``params`` (host numpy pytree) stamped ``version``."""
+        import ray
+
+        if self.incarnation != incarnation:
+            self._start(incarnation)
+        before = dict(self.timers)
+        traj, _ = self.actor(params, version)
+        d = {k: self.timers[k] - before[k] for k in self.timers}
+        meta = ChunkMeta(self.actor_id, incarnation, self.seq, int(version), os.getpid(),
+                         ray.get_runtime_context().get_node_id(), d["rollout_s"], d["inference_s"],
+                         d["env_step_s"], self.actor.chunker.transitions_discarded + self.actor.chunker.stale_actions)
+        self.seq += 1
+        return traj, meta
+
+    def info(self) -> tuple[int, str]:
+        """``(pid, node_id)`` of this actor process."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def start(self) -> tuple[int, str]:
+        """Import JAX and create the envs now (not in the first rollout); ``(pid, node_id)``."""
+        if self.incarnation is None:
+            self._start(0)
+        return self.info()
+
+    def close(self) -> None:
+        """Close the env (the process ends when the actor handle is released)."""
+        if self.actor is not None:
+            self.actor.close()
+            self.actor = None
+
+
+class RayContext:
+    """The Ray connection of a run: joins ``address``, reuses an existing connection, or starts a
+    private single-node instance; :meth:`close` undoes only what it did.
+
+    Args:
+        address: None: reuse this process's Ray connection if there is one, else start a private
+            local instance bound to 127.0.0.1 (no dashboard, usage stats off, its own temp dir,
+            so it never joins another process's cluster); ``"auto"`` or ``"HOST:PORT"``: connect
+            to that running cluster (``ray start --head`` on the learner node).
+        num_cpus: CPUs the private local instance offers (default: ``os.cpu_count()``).
+
+    Raises:
+        ImportError: Ray is not installed.
+    """
+
+    def __init__(self, address: str | None, num_cpus: int | None = None):
+        ray = require_ray()
+        self.owned = False
+        self._temp_dir: str | None = None
+        if ray.is_initialized():
+            return
+        if address is None:
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            self._temp_dir = tempfile.mkdtemp(prefix="tianji-ray-")
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                     _temp_dir=self._temp_dir, num_cpus=num_cpus or os.cpu_count(), log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+        self.owned = True
+
+    def close(self) -> None:
+        """Shut Ray down if this context started or joined it (idempotent)."""
+        if self.owned:
+            require_ray().shutdown()
+            self.owned = False
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+
+
+class ParamPublisher:
+    """Params in the object store, one ``ray.put`` per policy version, shared by every actor.
+
+    :meth:`ref` returns the object ref for ``(params, version)``: the first caller for a new
+    version copies ``params`` to host memory (numpy) and puts them; later callers for the same
+    version get the same ref. Only the newest version's ref is held (Ray frees older ones once the
+    rollouts using them finish). Thread-safe.
+
+    Attributes:
+        puts: number of ``ray.put`` calls made (one per version published to actors).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._ref = None
+        self.puts = 0
+
+    def ref(self, params: Any, version: int):
+        """The object ref of ``params`` (a pytree of arrays) for policy ``version``."""
+        import jax
+
+        ray = require_ray()
+        with self._lock:
+            if self._version != version:
+                self._ref = ray.put(jax.device_get(params))
+                self._version = int(version)
+                self.puts += 1
+            return self._ref
+
+
+class RayActorClient:
+    """The learner-side stand-in for one remote actor: the runtime's ``act(params, version)``.
+
+    Each call submits one rollout task with the shared params ref and polls it (``ray.wait`` in
+    ``poll_s`` slices) until it finishes, the runner's :attr:`stop` event is set (returns None: the
+    actor loop ends) or ``timeout_s`` passes (:class:`TimeoutError`). If the actor died during the
+    task (Ray reports ``ActorDiedError`` or ``ActorUnavailableError``), the chunk is counted in
+    :attr:`lost_chunks` and a new rollout is submitted every ``poll_s`` until the actor Ray
+    restarts takes it; the admission the runner made for the call carries over, so nothing is
+    consumed twice and no queue room leaks. A restart is recognised by the new process id of the
+    next chunk (counted in :attr:`deaths`, also when the process died idle and nothing was lost).
+    A resubmission refused with ``ActorDiedError`` means Ray has used up ``max_restarts``:
+    :class:`RemoteActorError`.
+
+    Args:
+        handle: the Ray actor handle (created by :func:`make_ray_actors`).
+        actor_id: the actor's index.
+        publisher: the run's shared :class:`ParamPublisher`.
+        to_learner: ``to_learner(traj) -> traj`` places a chunk on the learner device(s).
+        timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to a named phase.
+        max_restarts: the actor's Ray ``max_restarts`` (reported in errors).
+        timeout_s: longest wait for one rollout (seconds), including restarts.
+        poll_s: ``ray.wait`` slice (seconds).
+
+    Attributes:
+        stop: a :class:`threading.Event`; set it to the runner's stop event.
+        lost_chunks: rollouts submitted and never delivered (the actor died with them in flight);
+            never inserted.
+        deaths: actor restarts seen (a chunk from a new process), plus a final death.
+        incarnation: restarts seen so far (sent with each rollout; seeds a restarted actor's envs).
+        unavailable_retries: resubmissions the actor refused while Ray was restarting it
+            (nothing was produced, nothing counted as lost).
+        chunks: the :class:`ChunkMeta` of every chunk returned, in order (an independent log:
+            tests check ``(actor_id, pid, seq)`` is never repeated).
+        env_steps_discarded: the actor's latest reported chunker discards (all incarnations).
+    """
+
+    def __init__(self, handle: Any, actor_id: int, publisher: ParamPublisher, to_learner, timer, *,
+                 max_restarts: int, timeout_s: float, poll_s: float = 0.2):
+        self.handle, self.actor_id, self.publisher = handle, int(actor_id), publisher
+        self.to_learner, self._time = to_learner, timer
+        self.max_restarts, self.timeout_s, self.poll_s = int(max_restarts), float(timeout_s), float(poll_s)
+        self.stop = threading.Event()
+        self.lost_chunks = 0
+        self.deaths = 0
+        self.unavailable_retries = 0
+        self.incarnation = 0
+        self.chunks: list[ChunkMeta] = []
+        self._discarded_before = 0  # discards of dead incarnations
+        self._discarded_now = 0
+
+    @property
+    def env_steps_discarded(self) -> int:
+        return self._discarded_before + self._discarded_now
+
+    def __call__(self, params: Any, version: int) -> tuple[dict, int] | None:
+        ray = require_ray()
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        deadline = time.monotonic() + self.timeout_s
+        failures = 0  # failed rollout tasks in this call
+        while True:
+            t0 = time.perf_counter()
+            ref = self.publisher.ref(params, version)
+            self._time("h2d_s", t0)
+            t_submit = time.perf_counter()
+            task = self._submit(ref, int(version))
+            while True:
+                ready, _ = ray.wait([task], timeout=self.poll_s)
+                if ready:
+                    break
+                if self.stop.is_set():
+                    ray.cancel(task)
+                    return None
+                if time.monotonic() > deadline:
+                    ray.cancel(task)
+                    raise TimeoutError(f"remote actor {self.actor_id}: no rollout within {self.timeout_s:g} s "
+                                       f"(version {version}, incarnation {self.incarnation})")
+            try:
+                traj, meta = ray.get(task, timeout=self.timeout_s)
+            except RayActorError as err:  # ActorDiedError or ActorUnavailableError (Ray reports either)
+                failures += 1
+                if failures == 1:  # the rollout in flight is gone: never delivered, so never consumed
+                    self.lost_chunks += 1
+                else:
+                    self.unavailable_retries += 1
+                    if not isinstance(err, ActorUnavailableError):  # dead for good: Ray ran out of restarts
+                        self.deaths += 1
+                        raise RemoteActorError(
+                            f"remote actor {self.actor_id} died {self.deaths} time(s) and Ray no longer restarts "
+                            f"it (max_restarts={self.max_restarts}): {err}") from err
+                if self.stop.wait(self.poll_s):
+                    return None
+                continue
+            wall = time.perf_counter() - t_submit
+            if meta.version != version or meta.actor_id != self.actor_id:
+                raise RemoteActorError(f"remote actor {self.actor_id} returned a chunk of actor {meta.actor_id}, "
+                                       f"version {meta.version}; asked for version {version}")
+            if self.chunks and meta.pid != self.chunks[-1].pid:  # a new process: Ray restarted the actor
+                self._died()
+            self._discarded_now = meta.env_steps_discarded
+            self.chunks.append(meta)
+            # the actor's own phases; what the round trip took beyond them is transfer + dispatch
+            for name in ("rollout_s", "inference_s", "env_step_s"):
+                self._time(name, time.perf_counter() - getattr(meta, name))
+            self._time("h2d_s", time.perf_counter() - max(0.0, wall - meta.rollout_s))
+            t0 = time.perf_counter()
+            import jax
+
+            traj = jax.block_until_ready(self.to_learner(traj))
+            self._time("h2d_s", t0)
+            steps = int(np.prod(traj["reward"].shape))
+            return traj, steps
+
+    def _submit(self, params_ref: Any, version: int):
+        """Submit one rollout task to the actor; returns its object ref."""
+        return self.handle.rollout.remote(params_ref, version, self.incarnation)
+
+    def _died(self) -> None:
+        self.deaths += 1
+        self.incarnation += 1  # the next rollout re-creates the envs with a new seed
+        self._discarded_before += self._discarded_now
+        self._discarded_now = 0
+
+    def info(self, timeout_s: float = 60.0) -> tuple[int, str]:
+        """``(pid, node_id)`` of the actor's current process (waits up to ``timeout_s``)."""
+        ray = require_ray()
+        return ray.get(self.handle.info.remote(), timeout=timeout_s)
+
+
+def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, timer) -> list[RayActorClient]:
+    """Create ``config.num_actors`` remote actors and their clients. Each actor asks for one CPU
+    (Ray places it on any node with a free CPU: start the learner's head node with
+    ``ray start --head --num-cpus=0`` to keep actors off it), ``max_restarts=config.ray_max_restarts``
+    and ``max_task_retries=0``, and runs JAX on CPU (``JAX_PLATFORMS=cpu``). Needs a Ray
+    connection (:class:`RayContext`).
+
+    The actors start (process, JAX import, envs) before this returns, so the runtime's
+    ``stall_timeout_s`` does not have to cover it.
+
+    Raises:
+        ImportError: Ray is not installed.
+        ValueError: the cluster has fewer CPU slots than ``config.num_actors`` (they would never start).
+        TimeoutError: the actors did not start within :data:`STARTUP_TIMEOUT_S` (they are killed).
+        Whatever creating an actor's envs raised, with its remote traceback (``RayTaskError``).
+    """
+    ray = require_ray()
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < config.num_actors:
+        raise ValueError(f"num_actors={config.num_actors}: each remote actor needs one CPU slot and the Ray cluster "
+                         f"offers {cpus:g}; allowed: at most {int(cpus)} (or add nodes / CPUs)")
+    options: dict[str, Any] = dict(num_cpus=1, max_restarts=config.ray_max_restarts, max_task_retries=0,
+                                   max_concurrency=1, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
+    cls = ray.remote(**options)(_RolloutWorker)
+    run = uuid.uuid4().hex[:8]
+    handles = [cls.options(name=f"tianji-{run}-actor-{i}").remote(config, i) for i in range(config.num_actors)]
+    try:  # start-up (process, JAX import, envs) outside the runtime's stall window; env errors show here
+        ray.get([h.start.remote() for h in handles], timeout=STARTUP_TIMEOUT_S)
+    except BaseException as err:
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        if isinstance(err, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(f"{config.num_actors} remote actor(s) did not start within {STARTUP_TIMEOUT_S:g} s "
+                               "(is every actor's CPU slot free in the Ray cluster?)") from err
+        raise
+    return [RayActorClient(h, i, publisher, to_learner, timer, max_restarts=config.ray_max_restarts,
+                           timeout_s=config.stall_timeout_s) for i, h in enumerate(handles)]
