@@ -103,6 +103,16 @@ def test_pong_relaxed_vs_sync_quick(tmp_path):
     assert df.loc[df["schedule"] == "relaxed", "policy_lag_max"].max() <= 2
 
 
+def test_pong_dqn_quick(tmp_path):
+    """Async DQN on envpool Pong-v5 at tiny scale: SPS columns, the replay ratio held, the full-scale
+    footprint stated (frame replay vs obs/next_obs stacks for 1M transitions)."""
+    summary = _run_quick("pong_dqn.py", tmp_path)
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert len(df) >= 2 and (df["production_sps"] > 0).all() and (df["consumed_sps"] > 0).all()
+    assert abs(df["replay_ratio_observed"].iloc[-1] - 0.25) < 0.05
+    assert "6.61 GiB" in summary and "52.61 GiB" in summary and "--full" in summary
+
+
 def test_scaling_quick(tmp_path):
     pytest.importorskip("ray")
     summary = _run_quick("scaling.py", tmp_path)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 
 import tyro
 
-from tianji_jax.envs.registry import EnvSpec, resolve_env
+from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
 
 __all__ = ["PPOConfig"]
 
@@ -438,6 +438,7 @@ def _divisors(n: int) -> list[int]:
 # DQN
 # ================================================================================================
 _DQN_RUNTIMES = ("anakin", "async")
+_ATARI_FIELD_DEFAULTS = ATARI_DEFAULTS  # the DQNConfig fields' defaults are the env layer's
 _EPSILON_SCHEDULES = ("linear", "apex")
 
 
@@ -578,6 +579,35 @@ class DQNConfig(_AgentConfig):
     env_batch_size: int | None = None
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
+    episodic_life: bool = True
+    """envpool Atari only: a lost life ends the episode for learning (terminal, no bootstrap; the
+    frame stack carries on); episode statistics still count whole games and evaluation always plays
+    whole games. The stack of 4 84x84 grey frames, frame skip 4, up to 30 no-op starts and fire
+    reset are envpool's defaults (fixed)."""
+    reward_clip: bool = True
+    """envpool Atari only: train on rewards clipped to their sign (statistics and evaluation use the raw score)."""
+    repeat_action_probability: float = 0.0
+    """envpool Atari only: sticky actions, in [0, 1]; 0 as CleanRL and Mnih et al. 2015, 0.25 as
+    Machado et al. 2018 recommend. Applies to training and evaluation envs."""
+
+    @classmethod
+    def atari(cls, env: str = "envpool:Pong-v5", **overrides: Any) -> "DQNConfig":
+        """A DQN config for an envpool Atari game with the settings of CleanRL's ``dqn_atari.py``
+        (itself Mnih et al. 2015's, with Adam): Nature CNN (chosen for image observations), 10M env
+        steps, 1M-transition frame-deduplicated replay, batch 32, learning starts at 80k env steps,
+        one gradient update per 4 env steps, lr 1e-4, one-step DQN with the squared TD loss, hard
+        target copy every 250 gradient updates (1000 env steps), epsilon 1 -> 0.01 over the first
+        10% of the run; 8 envs per actor (CleanRL: 1), async runtime. ``overrides`` replace any field.
+
+        Raises:
+            ValueError / TypeError / MemoryError: as the constructor.
+        """
+        fields = dict(env=env, runtime="async", total_env_steps=10_000_000, num_envs=8, num_steps=1,
+                      buffer_capacity=1_000_000, learning_starts=80_000, batch_size=32, replay_ratio=0.25,
+                      learning_rate=1e-4, n_step=1, double_q=False, huber_delta=None, target_update_period=250,
+                      epsilon_start=1.0, epsilon_end=0.01, epsilon_decay_fraction=0.1,
+                      eval_every_env_steps=250_000, eval_episodes=10)
+        return cls(**{**fields, **overrides})
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
@@ -672,6 +702,26 @@ class DQNConfig(_AgentConfig):
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
         _check_host_fields(self, spec)  # host envs (envpool, gymnasium) need runtime='async'
         object.__setattr__(self, "_env_spec", spec)
+        for name in ("episodic_life", "reward_clip"):
+            _check_bool(name, getattr(self, name))
+        _check_float("repeat_action_probability", self.repeat_action_probability, low=0.0, high=1.0)
+        atari = spec.is_atari
+        if not atari:
+            changed = {k: v for k, v in self._atari_fields().items() if v != _ATARI_FIELD_DEFAULTS[k]}
+            if changed:
+                raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())}: Atari settings apply to "
+                                 f"envpool Atari games only; env {self.env!r} needs the defaults {_ATARI_FIELD_DEFAULTS}")
+        shape = tuple(spec.observation_shape)
+        frames = atari and len(shape) == 3 and str(spec.observation_space.dtype) == "uint8"
+        object.__setattr__(self, "_frame_replay", frames)
+        if frames:
+            writers = self.num_actors * self.num_envs
+            need = writers * (shape[0] + self.n_step)
+            if self.buffer_capacity < need:
+                raise ValueError(
+                    f"buffer_capacity={self.buffer_capacity} must be >= num_actors * num_envs * (frame stack + n_step) "
+                    f"= {writers} * ({shape[0]} + {self.n_step}) = {need}: the frame replay keeps one ring of "
+                    "buffer_capacity / (num_actors * num_envs) frames per env, which must hold a whole transition")
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
         try:
@@ -728,10 +778,40 @@ class DQNConfig(_AgentConfig):
         """Env steps over which epsilon decays: ``max(1, round(epsilon_decay_fraction * env_steps))``."""
         return max(1, round(self.epsilon_decay_fraction * self.env_steps))
 
+    def _atari_fields(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _ATARI_FIELD_DEFAULTS}
+
+    @property
+    def atari_settings(self) -> dict[str, Any] | None:
+        """envpool settings of an Atari game (``episodic_life``, ``reward_clip``,
+        ``repeat_action_probability``; see :data:`tianji_jax.envs.registry.ATARI_DEFAULTS`), None
+        for other envs."""
+        return self._atari_fields() if self.env_spec.is_atari else None
+
+    @property
+    def frame_replay(self) -> bool:
+        """Replay stores frames once (:mod:`tianji_jax.frame_replay`): envpool Atari games, whose
+        observations are stacks of uint8 frames. Otherwise whole ``obs`` / ``next_obs`` per
+        transition (:mod:`tianji_jax.replay`)."""
+        return self._frame_replay  # type: ignore[attr-defined]
+
     @property
     def replay_bytes(self) -> int:
-        """Bytes the replay buffer allocates (:func:`tianji_jax.replay.replay_bytes` of one n-step
-        transition: obs and next obs in the observation dtype, action, reward, discount)."""
+        """Bytes the replay buffer allocates: :func:`tianji_jax.frame_replay.frame_replay_bytes`
+        (one ring per env of all actors) when :attr:`frame_replay`, else :attr:`stacked_replay_bytes`."""
+        if self.frame_replay:
+            from tianji_jax import frame_replay  # noqa: PLC0415
+
+            shape = tuple(self.env_spec.observation_shape)
+            return frame_replay.frame_replay_bytes(self.num_actors * self.num_envs, self.buffer_capacity, shape[1:],
+                                                   self.env_spec.observation_space.dtype)
+        return self.stacked_replay_bytes
+
+    @property
+    def stacked_replay_bytes(self) -> int:
+        """Bytes of :mod:`tianji_jax.replay` holding ``buffer_capacity`` whole n-step transitions
+        (:func:`tianji_jax.replay.replay_bytes`: obs and next obs in the observation dtype, action,
+        reward, discount); for Atari, the naive footprint the frame replay avoids."""
         import jax  # noqa: PLC0415
         import numpy as np  # noqa: PLC0415
 
@@ -744,8 +824,18 @@ class DQNConfig(_AgentConfig):
                 "reward": jax.ShapeDtypeStruct((), np.float32), "discount": jax.ShapeDtypeStruct((), np.float32)}
         return replay.replay_bytes(item, self.buffer_capacity)
 
+    def _describe_replay(self) -> str:
+        if not self.frame_replay:
+            return f"{self.replay_bytes / 2**20:.1f} MiB"
+        a = self.atari_settings
+        return (f"frames stored once: {self.replay_bytes / 2**30:.2f} GiB, against "
+                f"{self.stacked_replay_bytes / 2**30:.2f} GiB for obs/next_obs stacks; Atari: episodic_life="
+                f"{a['episodic_life']}, reward_clip={a['reward_clip']}, repeat_action_probability="
+                f"{a['repeat_action_probability']}")
+
     def describe(self) -> str:
-        """One paragraph saying what will run: env, iterations, replay ratio, buffer, target updates."""
+        """One paragraph saying what will run: env, iterations, replay ratio, buffer (and its
+        footprint in memory), target updates."""
         spec = self.env_spec
         variant = "Double DQN" if self.double_q else "DQN"
         if self.dueling:
@@ -763,7 +853,7 @@ class DQNConfig(_AgentConfig):
             f"after {self.learning_starts} env steps, {self.updates_per_step} gradient update(s) of batch "
             f"{self.batch_size} per iteration (replay ratio {self.replay_ratio}) = {self.num_gradient_steps} "
             f"gradient updates; {'prioritised' if self.prioritized else 'uniform'} replay of "
-            f"{self.buffer_capacity} transitions ({self.replay_bytes / 2**20:.1f} MiB); {target}; {explore}; chunks of "
+            f"{self.buffer_capacity} transitions ({self._describe_replay()}); {target}; {explore}; chunks of "
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
             + ("; async runtime, schedule sync (one actor, lag 0, the Anakin iteration order)"

@@ -89,34 +89,40 @@ class ActorCritic(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Q-network MLP for Discrete actions (Mnih et al. 2015), with an optional dueling head
-    (Wang et al. 2016, "Dueling Network Architectures for Deep RL", eq. 9).
+    """Q-network for Discrete actions (Mnih et al. 2015): an MLP torso (``torso='mlp'``) or the
+    :class:`NatureCNN` torso of Nature DQN (``torso='nature_cnn'``, stacked uint8 frames), with a
+    linear head or a dueling head (Wang et al. 2016, "Dueling Network Architectures for Deep RL", eq. 9).
 
     Orthogonal initialisation as :class:`ActorCritic`: hidden layers gain ``sqrt(2)``, the output
     heads gain 1, biases 0.
 
     Attributes:
         action_dim: number of actions ``A``.
-        hidden_sizes: hidden widths of the shared torso.
-        activation: ``"tanh"`` or ``"relu"``.
+        hidden_sizes: hidden widths of the MLP torso (unused by the CNN torso).
+        activation: ``"tanh"`` or ``"relu"`` (MLP only).
+        torso: ``"mlp"`` or ``"nature_cnn"`` (``(B, C, H, W)`` frames, see :class:`NatureCNN`).
         dueling: ``False`` -> ``Q = Dense(A)(torso)``; ``True`` -> separate value ``V (B, 1)`` and
             advantage ``A (B, A)`` heads on the shared torso, ``Q = V + A - mean_a A``.
 
-    ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype, flattened and cast to float32)
-    and returns ``q``: ``(B, A)`` float32 Q-values.
+    ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype; the MLP flattens and casts to
+    float32, the CNN divides by 255) and returns ``q``: ``(B, A)`` float32 Q-values.
     """
 
     action_dim: int
     hidden_sizes: Sequence[int] = (120, 84)
     activation: str = "relu"
     dueling: bool = False
+    torso: str = "mlp"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        act = _ACT[self.activation]
-        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
-        for h in self.hidden_sizes:
-            x = act(_dense(h, np.sqrt(2))(x))
+        if self.torso == "nature_cnn":
+            x = NatureCNN()(obs)
+        else:
+            act = _ACT[self.activation]
+            x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+            for h in self.hidden_sizes:
+                x = act(_dense(h, np.sqrt(2))(x))
         if not self.dueling:
             return _dense(self.action_dim, 1.0)(x)
         value = _dense(1, 1.0)(x)

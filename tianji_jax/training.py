@@ -639,7 +639,8 @@ def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stack
         trainer = make_dqn_train(config)
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
             return DQNTrainState(None, *jax.eval_shape(
-                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay()), key))
+                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay(config.num_actors)),
+                key))
         state = jax.eval_shape(trainer.init, key)
     else:
         trainer = make_train(config)

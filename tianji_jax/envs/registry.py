@@ -14,13 +14,18 @@ import numpy as np
 
 from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space
 
-__all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS"]
+__all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "ATARI_DEFAULTS"]
 
 BACKENDS = ("gymnax", "envpool", "gymnasium")
 """Env backends known to the resolver. ``gymnax`` runs on a JAX device (both runtimes); ``envpool``
 and ``gymnasium`` run on the host (:mod:`tianji_jax.envs.host`, async runtime only)."""
 
 HOST_BACKENDS = ("envpool", "gymnasium")
+ATARI_DEFAULTS = {"episodic_life": True, "reward_clip": True, "repeat_action_probability": 0.0}
+"""Training settings of envpool Atari games (CleanRL's envpool agents; envpool's own defaults stack 4
+84x84 grey frames with frame skip 4, up to 30 no-op starts and fire reset): a lost life ends the
+episode for learning (statistics count whole games), rewards clipped to their sign, no sticky
+actions (Machado et al. 2018 recommend 0.25). :meth:`EnvSpec.make_host_env` applies them."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +65,8 @@ class EnvSpec:
         """True for the host backends (envpool, gymnasium), which only the async runtime runs."""
         return self.backend in HOST_BACKENDS
 
-    def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None, evaluation: bool = False):
+    def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None, evaluation: bool = False,
+                      atari: dict | None = None):
         """A new host vectorised env of this spec (:class:`~tianji_jax.envs.host.EnvpoolVecEnv`
         or :class:`~tianji_jax.envs.host.GymnasiumVecEnv`).
 
@@ -69,17 +75,26 @@ class EnvSpec:
         ``episodic_life=True`` (a lost life ends the episode for learning; statistics still
         count whole games) and ``reward_clip=True`` (rewards clipped to their sign; statistics
         use the raw score), no sticky actions (``repeat_action_probability=0``, unlike Machado et
-        al. 2018). ``evaluation=True`` turns episodic life and reward clipping off.
+        al. 2018). ``atari`` overrides these (keys of :data:`ATARI_DEFAULTS`, e.g. a DQN config's
+        ``atari_settings``); ``evaluation=True`` turns episodic life and reward clipping off
+        (evaluation plays whole games and reports raw scores) and keeps the sticky-action
+        probability.
 
         Raises:
-            ValueError: a gymnax spec, or ``batch_size`` for gymnasium (sync only).
+            ValueError: a gymnax spec, ``batch_size`` for gymnasium (sync only), or an unknown key
+                in ``atari``.
         """
         from tianji_jax.envs import host
 
         if self.backend == "envpool":
             kwargs = {}
             if self.is_atari:
-                kwargs = dict(episodic_life=not evaluation, reward_clip=not evaluation)
+                bad = sorted(set(atari or {}) - set(ATARI_DEFAULTS))
+                if bad:
+                    raise ValueError(f"atari: unknown settings {bad}; allowed: {sorted(ATARI_DEFAULTS)}")
+                kwargs = {**ATARI_DEFAULTS, **(atari or {})}
+                if evaluation:
+                    kwargs.update(episodic_life=False, reward_clip=False)
             return host.EnvpoolVecEnv(self.name, num_envs, batch_size=batch_size, seed=seed, **kwargs)
         if self.backend == "gymnasium":
             if batch_size not in (None, num_envs):

@@ -174,7 +174,11 @@ class AsyncDQN:
     gymnax actors run :meth:`DQNParts.rollout` on the actor device; envpool/gymnasium actors are
     :class:`~tianji_jax.runtime.dqn_host.DQNHostActor` s (host env, Q-network on the actor
     device, the same n-step window builder). Both hand ``(items, item_version, mask, stats)``
-    chunks of ``num_envs * num_steps`` transitions to the replay ingress. Exploration epsilons per
+    chunks of ``num_envs * num_steps`` transitions to the replay ingress; on envpool Atari
+    (``config.frame_replay``) host actors hand frame chunks instead, which the learner stores
+    frame by frame (:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.insert_frames`; a gap in an
+    actor's chunk numbers, a chunk the gate dropped, restarts its envs' stacks). The replay's
+    size is checked against free memory before it is allocated (``MemoryError`` with the numbers). Exploration epsilons per
     env come from :func:`~tianji_jax.runtime.dqn_parts.actor_epsilons` (linear schedule on the
     run's inserted-or-waiting env steps, or Ape-X's fixed per-env epsilons).
 
@@ -222,15 +226,19 @@ class AsyncDQN:
                 parts = DQNParts(key)
                 _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
                                    jax.jit(parts.learn, donate_argnums=1), jax.jit(parts.host_act),
-                                   jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)))
-            self.parts, self._rollout, self._insert, self._learn, host_act, build = _JIT_CACHE[key]
+                                   jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)),
+                                   jax.jit(parts.insert_frames, donate_argnums=0))
+            (self.parts, self._rollout, self._insert, self._learn, host_act, build,
+             self._insert_frames) = _JIT_CACHE[key]
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         on_host = config.env_spec.on_host
         if restore is None:
-            learner, replay, actors = self.parts.init_learner(k_learner), self.parts.init_replay(), None
+            # the buffer's size is checked against free memory before it is allocated (MemoryError)
+            learner, actors = self.parts.init_learner(k_learner), None
+            replay = self.parts.init_replay(config.num_actors, check_memory=True)
         else:
             learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
             if not on_host and (actors is None or len(actors) != config.num_actors):
@@ -241,6 +249,7 @@ class AsyncDQN:
         self._actor_epsilon = [float(np.mean(actor_epsilons(config, 0, i))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
+        self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
         self.host_actors: list[DQNHostActor] = []
         if config.env_spec.on_host:
             self.timers.update(inference_s=0.0, env_step_s=0.0)
@@ -343,7 +352,14 @@ class AsyncDQN:
         t0 = time.perf_counter()
         for chunk in chunks:
             (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
-            self.replay_state = self._insert(self.replay_state, items, item_version, mask)
+            if self.parts.frame_replay:  # items: the frame chunk, item_version: the actor's chunk number
+                a = chunk.actor_id
+                gap = item_version != self._next_seq[a]  # the gate dropped chunks of this actor before it
+                self._next_seq[a] = item_version + 1
+                self.replay_state = self._insert_frames(self.replay_state, items,
+                                                        np.int32(a * self.config.num_envs), np.bool_(gap))
+            else:
+                self.replay_state = self._insert(self.replay_state, items, item_version, mask)
             host = jax.device_get(stats)
             self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
             self.episode_stats["episode_length_sum"] += float(host["episode_length_sum"])
@@ -365,6 +381,6 @@ class AsyncDQN:
             self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
             self.snapshot_cut = self.cut()
         metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
-                   "replay_size": int(self.replay_state.size)}
+                   "replay_size": int(self.parts.replay_size(self.replay_state))}
         self._zero_stats()
         return learner.params, metrics

@@ -26,6 +26,18 @@ adds what DQN needs on top (Mnih et al. 2015; n-step targets as in Hessel et al.
 
 Observations keep the env's dtype end to end (uint8 Atari frames are not cast on the host; the
 Q-network casts on device).
+
+**Frame chunks** (``config.frame_replay``: envpool Atari, stacks of uint8 frames): instead of
+n-step transitions with whole ``obs`` / ``next_obs`` stacks, the actor hands the learner the
+chunk's frames (:data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS`: the stacks acted on, each
+step's newest successor frame, actions, rewards, flags, versions and ``start``, where a stack
+begins a stretch of the env's stream) and the learner's
+:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.insert_frames` stores every frame once in
+:mod:`tianji_jax.frame_replay`, which forms n-step targets when sampling. ``start`` is set after
+every ``terminated`` / ``truncated`` step (a game over or, with ``episodic_life``, a lost life),
+for every env at the actor's first chunk, and for the envs whose leftovers were dropped (a gap).
+Chunks carry the actor's sequence number so the learner treats a chunk dropped by the lag gate
+as a gap too.
 """
 
 from __future__ import annotations
@@ -129,7 +141,9 @@ class DQNHostActor(HostActor):
 
     Returns (per call):
         ``(((items, item_version, mask, stats), None), T * N)``: the first three on ``learner_device``
-        (as :meth:`DQNParts.rollout` returns them), ``stats`` host numbers ``episode_return_sum``,
+        (as :meth:`DQNParts.rollout` returns them; with ``config.frame_replay``: ``(frames, seq,
+        None, stats)``, ``frames`` the :data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS` dict on
+        ``learner_device`` and ``seq`` this actor's chunk number), ``stats`` host numbers ``episode_return_sum``,
         ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean over the actor's envs of
         their epsilons when the chunk is complete).
     """
@@ -139,7 +153,10 @@ class DQNHostActor(HostActor):
                  timer: Callable[[str, float], None], seed: int | None = None):
         self.dqn_config, self.learner_device, self.run_env_steps = config, learner_device, run_env_steps
         self._host_act = host_act
-        self.n_step = HostNStep(parts, actor_device, build)
+        self.frames = parts.frame_replay
+        self.n_step = None if self.frames else HostNStep(parts, actor_device, build)
+        self._start = np.ones((config.num_envs,), bool)  # frames: the next step of each env starts a stretch
+        self.chunks_sent = 0  # frames: sequence number of the next chunk
         super().__init__(config, None, actor_id, key, actor_device, self._finish, timer, seed=seed)
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -152,10 +169,29 @@ class DQNHostActor(HostActor):
 
     def _discard(self) -> None:
         # envs with leftovers or actions in flight lose steps: their windows end before the gap
-        self.n_step.cut((self.chunker.counts > 0) | self.chunker.pending_mask)
+        cut = (self.chunker.counts > 0) | self.chunker.pending_mask
+        if self.frames:
+            self._start |= cut
+        else:
+            self.n_step.cut(cut)
         super()._discard()
 
+    def _frame_chunk(self, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The chunk as :data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS` (see the module docstring)."""
+        done = np.asarray(chunk["terminated"], bool) | np.asarray(chunk["truncated"], bool)
+        start = np.concatenate([self._start[None], done[:-1]], 0)
+        self._start = done[-1].copy()
+        return {"obs": chunk["obs"], "final_frame": np.asarray(chunk["final_obs"])[:, :, -1],
+                "action": np.asarray(chunk["action"], np.int32), "reward": np.asarray(chunk["reward"], np.float32),
+                "terminated": np.asarray(chunk["terminated"], bool), "truncated": np.asarray(chunk["truncated"], bool),
+                "policy_version": np.asarray(chunk["policy_version"], np.int32), "start": start}
+
     def _finish(self, chunk: dict[str, np.ndarray]) -> tuple:
+        if self.frames:
+            eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
+            stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
+            seq, self.chunks_sent = self.chunks_sent, self.chunks_sent + 1
+            return (jax.device_put(self._frame_chunk(chunk), self.learner_device), seq, None, stats), None
         items, item_version, mask = self.n_step(chunk)
         eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
         stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}

@@ -67,7 +67,7 @@ class HostActor:
         self._add = lambda name, seconds: timer(name, time.perf_counter() - seconds)  # add a duration
         seed = config.seed if seed is None else seed
         self.env = spec.make_host_env(config.num_envs, host_env_seed(seed, actor_id, config.num_envs),
-                                      config.env_batch_size)
+                                      config.env_batch_size, atari=getattr(config, "atari_settings", None))
         self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, spec.observation_space,
                                                      spec.action_space)
         self.key = jax.device_put(key, actor_device)
@@ -134,14 +134,15 @@ class HostActor:
         self.env.close()
 
 
-def make_host_evaluate(config: PPOConfig, greedy: Callable, num_episodes: int) -> Callable:
+def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_episodes: int) -> Callable:
     """``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)`` on a host env.
 
     ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
     with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
     ``obs_rms`` is unused (host backends do not normalise observations). An episode is a full game
     for envpool Atari (:mod:`tianji_jax.envs.host`), played without episodic life or reward
-    clipping; it is cut after the spec's time limit.
+    clipping (sticky actions as ``config.atari_settings``, where the config has them); it is cut
+    after the spec's time limit.
 
     Raises:
         ValueError: ``num_episodes < 1``.
@@ -153,7 +154,7 @@ def make_host_evaluate(config: PPOConfig, greedy: Callable, num_episodes: int) -
 
     def evaluate(params: Any, obs_rms: Any, key: jax.Array):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-        env = spec.make_host_env(num_episodes, seed, evaluation=True)
+        env = spec.make_host_env(num_episodes, seed, evaluation=True, atari=getattr(config, "atari_settings", None))
         try:
             returns = np.zeros(num_episodes, np.float32)
             lengths = np.zeros(num_episodes, np.int32)
