@@ -11,11 +11,12 @@ headline), and also reported included (``wall_s_to_threshold``).
 Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib)
 and LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
 ``LunarLander-v3`` for the peers). Systems: tianji_jax PPO in Anakin mode and on the async runtime
-with each schedule, tianji_jax DQN in Anakin mode and on the async runtime; Stable-Baselines3,
+with each schedule, tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
+(CartPole only) and ``relaxed`` schedules; Stable-Baselines3,
 RLlib and rejax PPO and DQN, each with the hyper-parameters its authors tuned (see the runner
 scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
-under ``--cache-dir``. A system that cannot run a row (tianji_jax DQN on envpool, Anakin on a host
-env, rejax without a gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
+under ``--cache-dir``. A system that cannot run a row (Anakin on a host env, rejax without a
+gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
 installation fails is recorded as skipped with the error.
 
 Each run is written to ``records/<env>__<system>__seed<k>.json`` as soon as it ends, and a run with a
@@ -30,6 +31,9 @@ convergence.png, machine.json}``.
 
     python experiments/convergence.py             # full: all systems, 3 seeds, CartPole then LunarLander
     python experiments/convergence.py --quick     # tianji_jax only, 1 seed, small budgets, CartPole to 200 (tests)
+
+(The records of the earlier system ``tianji_jax DQN async``, made before DQN's async runtime had
+schedules, were retired: its runs are redone as ``tianji_jax DQN relaxed``.)
 """
 
 from __future__ import annotations
@@ -79,6 +83,12 @@ class System:
     runner: str
     venv: str | None = None
     mode: str | None = None
+    envs: tuple[str, ...] | None = None  # the rows it runs; None: all
+
+    def runs_on(self, row: "Row") -> bool:
+        """Whether this system has a run on ``row`` (not the same as supported: an unsupported
+        system still runs to report the library's reason)."""
+        return self.envs is None or row.name in self.envs
 
     @property
     def is_tianji(self) -> bool:
@@ -88,7 +98,10 @@ class System:
 
 TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
           for m in ("anakin", "sync", "one_step", "relaxed")] + \
-         [System(f"tianji_jax DQN {m}", "dqn", "tianji_runner.py", mode=m) for m in ("anakin", "async")]
+         [System("tianji_jax DQN anakin", "dqn", "tianji_runner.py", mode="anakin"),
+          # 'sync' reproduces Anakin (one actor, lag 0): on CartPole only, the LunarLander time went to 'relaxed'
+          System("tianji_jax DQN sync", "dqn", "tianji_runner.py", mode="sync", envs=("CartPole-v1",)),
+          System("tianji_jax DQN relaxed", "dqn", "tianji_runner.py", mode="relaxed")]
 PEERS = [System("rejax PPO", "ppo", "rejax_runner.py", "rejax"), System("rejax DQN", "dqn", "rejax_runner.py", "rejax"),
          System("SB3 PPO", "ppo", "sb3_runner.py", "sb3"), System("SB3 DQN", "dqn", "sb3_runner.py", "sb3"),
          System("RLlib PPO", "ppo", "rllib_runner.py", "rllib"), System("RLlib DQN", "dqn", "rllib_runner.py", "rllib")]
@@ -351,8 +364,9 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              f"(earlier invocations' runs were resumed from `records/`); load average at start {load_start}, at each "
              f"run's start in `runs.csv` (`loadavg_1m`).", "",
              "Hyper-parameters: tianji_jax's defaults (`PPOConfig()`: CleanRL's tuned CartPole PPO with 8 envs; "
-             "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO with the "
-             "rl-baselines3-zoo LunarLander settings); Stable-Baselines3 with rl-baselines3-zoo's tuned "
+             "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO and DQN with the "
+             "rl-baselines3-zoo LunarLander settings, the DQN ones as SB3 DQN runs them: 1 env, 1-step, no Double "
+             "DQN, 100k env steps); Stable-Baselines3 with rl-baselines3-zoo's tuned "
              "`ppo.yml`/`dqn.yml`; RLlib with its tuned examples `cartpole_ppo.py`/`cartpole_dqn.py`; rejax with its "
              "`configs/gymnax/cartpole.yaml` (0.1.x API). Each system keeps its own tuned budget (column *budget*). See "
              "`experiments/peers/*_runner.py`.", ""]
@@ -392,7 +406,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         for o in rs:
             if o["status"] in ("unsupported", "skipped"):
                 lines.append(f"- {o['system']}: **{o['status']}**: {o['reason']}")
-        not_run = [s.name for s in systems if not quick_skip(args, row, s) and not any(o["system"] == s.name for o in rs)]
+        not_run = [s.name for s in systems if not quick_skip(args, row, s) and s.runs_on(row) and not any(o["system"] == s.name for o in rs)]
         if not_run:
             lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
         lines.append("")
@@ -452,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     matching nothing."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="tianji_jax only (PPO anakin and relaxed, DQN anakin on CartPole; the unsupported "
-                             "DQN LunarLander row), 1 seed, 30k env steps, CartPole threshold 200")
+                        help="tianji_jax only (PPO anakin and relaxed, DQN anakin and sync on CartPole; the "
+                             "unsupported DQN anakin LunarLander row), 1 seed, 30k env steps, CartPole threshold 200")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed-list", default="", help="comma-separated seeds to run in this invocation "
                         "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
@@ -484,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:  # threshold 200 on CartPole, so that the small budgets reach it and the ratios are exercised
         args.seeds = 1
         rows = [Row("CartPole-v1", 200.0, 10_240, args.cartpole_cap_s), all_rows["LunarLander"]]
-        systems = [s for s in TIANJI if s.mode in ("anakin", "relaxed")]
+        systems = [s for s in TIANJI if s.name in QUICK]
         extra = {"ppo": {"total_env_steps": 30_720}, "dqn": {"total_env_steps": 30_000}}
     if args.systems:
         keep = [k for k in args.systems.split(",") if k]
@@ -515,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         for seed in seeds:
             for s in systems:
-                if quick_skip(args, row, s):
+                if quick_skip(args, row, s) or not s.runs_on(row):
                     continue
                 path = runs_dir / (run_key(row.name, s.name, seed) + ".json")
                 if path.exists() or args.report_only:
@@ -548,8 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+QUICK = ("tianji_jax PPO anakin", "tianji_jax PPO relaxed", "tianji_jax DQN anakin", "tianji_jax DQN sync")
+
+
 def quick_skip(args, row: Row, s: System) -> bool:
-    """--quick runs CartPole for its systems and, on LunarLander, only the unsupported DQN row."""
+    """--quick runs CartPole for its systems and, on LunarLander, only the unsupported DQN anakin row."""
     return args.quick and row.name == "LunarLander" and s.name != "tianji_jax DQN anakin"
 
 

@@ -1,12 +1,20 @@
 """tianji_jax runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``).
 
 Modes: ``anakin`` (acting and learning fused in one compiled chunk), ``sync`` / ``one_step`` /
-``relaxed`` (the async runtime's schedules; DQN's async runtime has no schedule field and runs its
-lag gate at insert, ``max_policy_lag`` 4, reported as mode ``async``). Hyper-parameters: the
+``relaxed`` (the async runtime's schedules; DQN has ``sync`` and ``relaxed``: ``sync`` is one actor
+acting chunk k with the params published after chunk k-1, as an Anakin iteration; ``relaxed`` is
+the TianJi mode with the lag gate at insert, ``max_policy_lag`` 4). Hyper-parameters: the
 library's defaults for CartPole-v1 (``PPOConfig()`` = CleanRL's tuned CartPole PPO with 8 envs,
 ``DQNConfig()`` = CleanRL/PureJaxRL DQN plus Double DQN and 3-step targets); for LunarLander PPO
 on envpool ``LunarLander-v2``, the rl-baselines3-zoo LunarLander PPO settings (16 envs x 1024
-steps, minibatch 64, 4 epochs, gamma 0.999, lambda 0.98, entropy 0.01, lr 3e-4 constant).
+steps, minibatch 64, 4 epochs, gamma 0.999, lambda 0.98, entropy 0.01, lr 3e-4 constant); for
+LunarLander DQN, the rl-baselines3-zoo ``dqn.yml`` LunarLander-v2 entry (the one SB3 DQN runs
+with, ``sb3_runner.py``) in tianji_jax's fields: 1 env, 4 env steps per iteration (``train_freq``
+4) with one gradient update per env step (``gradient_steps`` -1 -> ``replay_ratio`` 1), lr 6.3e-4,
+batch 128, buffer 50k, hard target copy every 250 updates (= 250 env steps), epsilon 1 -> 0.1 over
+12% of the 100k-step budget, gamma 0.99, 256-256 ReLU MLP, Huber loss (delta 1, SB3's smooth L1),
+plain (not Double) 1-step DQN as SB3's; learning from 128 transitions (SB3 starts at 0 and
+samples with replacement; tianji_jax needs one batch in replay).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.training`; nothing in the library is changed.
 """
@@ -69,15 +77,22 @@ def make_config():
         if mode == "anakin":
             return tj.PPOConfig(env=env_id, runtime="anakin", **common)
         return tj.PPOConfig(env=env_id, runtime="async", schedule=mode, **common)
-    if mode not in ("anakin", "async"):
-        P.unsupported(f"DQNConfig has no schedule field: its async runtime gates lag at insert (mode 'async'), "
-                      f"not {mode!r}")
-    return tj.DQNConfig(env=env_id, runtime=mode, **common)
+    if env == "LunarLander":  # rl-baselines3-zoo dqn.yml LunarLander-v2 (see the module docstring)
+        common = {**dict(num_envs=1, num_steps=4, replay_ratio=1.0, learning_rate=6.3e-4, batch_size=128,
+                      buffer_capacity=50_000, learning_starts=128, gamma=0.99, target_update_period=250,
+                      epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_fraction=0.12, hidden_sizes=(256, 256),
+                      activation="relu", huber_delta=1.0, double_q=False, n_step=1, total_env_steps=100_000),
+                  **common}
+    if mode == "anakin":
+        return tj.DQNConfig(env=env_id, runtime="anakin", **common)
+    if mode not in ("sync", "relaxed"):
+        P.unsupported(f"DQNConfig's async runtime has the schedules 'sync' and 'relaxed', not {mode!r}")
+    return tj.DQNConfig(env=env_id, runtime="async", schedule=mode, **common)
 
 
 try:
     config = make_config()
-except ValueError as err:  # e.g. DQN on envpool, Anakin on a host env: the library rejects the config
+except ValueError as err:  # e.g. Anakin on a host env (envpool): the library rejects the config
     P.unsupported(f"not yet supported by tianji_jax: {err}")
 
 P.send("CONV_INFO", {"versions": {"tianji_jax": provenance()["packages"].get("tianji-jax", "?"),
