@@ -316,6 +316,11 @@ def _dead_from(lines: list[str], me: int, num_processes: int) -> str:
         return ", ".join(f"process {i}" for i in ids)
     if me != 0 and re.search(r"Socket closed|coordination service|UNAVAILABLE", text):
         return "process 0 (the coordinator)"
+    tasks = sorted({int(t) for t in re.findall(r"/task:(\d+)", text)} - {me})
+    if tasks:  # other reports (a failed collective, a barrier) name the task they lost
+        return ", ".join(f"process {i}" for i in tasks)
+    if num_processes == 2:  # a survivor of two lost its only peer
+        return f"process {1 - me}"
     return "a peer process"
 
 
