@@ -41,3 +41,13 @@ class CompileCounter:
 @pytest.fixture
 def compile_counter() -> CompileCounter:
     return CompileCounter()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Ray's driver runtime stays in a process after ``ray.shutdown()`` and was seen to segfault
+    later, unrelated tests in CI; the Ray tests therefore run only in a child pytest process
+    (``tests/test_ray_isolated.py`` sets ``TIANJI_RAY_CHILD=1``)."""
+    import os
+
+    if os.environ.get("TIANJI_RAY_CHILD") != "1":
+        items[:] = [i for i in items if "test_ray_actors.py" not in str(i.fspath)]

@@ -1,0 +1,31 @@
+"""Runs tests/test_ray_actors.py (Ray remote actors: validation, two-node cluster learning, fault
+and restart tests) in a child pytest process, so that Ray's driver runtime never lives in the
+main test process (it was seen to segfault later tests there)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # about 2-4 minutes on 2 cores (one learning run on a two-node cluster)
+@pytest.mark.timeout(900)
+def test_ray_actor_tests_in_a_child_process():
+    env = dict(os.environ, TIANJI_RAY_CHILD="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                           str(ROOT / "tests" / "test_ray_actors.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=840)
+    out = proc.stdout + proc.stderr
+    print(out[-4000:])
+    summary = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", out, re.M)
+    assert summary, out[-4000:]
+    assert "failed" not in summary[-1] and "error" not in summary[-1], out[-4000:]
+    assert re.search(r"\b7 passed\b", summary[-1]), summary[-1]
+    assert proc.returncode == 0, f"child pytest exited {proc.returncode} after: {summary[-1]}"
