@@ -316,13 +316,19 @@ def resume_in_fresh_process(tmp_path, run_dir, script=_RESUME_SCRIPT):
     return proc
 
 
-def test_async_sync_ppo_exact_resume_in_a_fresh_process(tmp_path):
-    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "sync"})
+def _straight_and_interrupted(config, tmp_path):
+    """``(full result, run_dir, cut)``: ``config`` trained straight into ``tmp_path/full``, and
+    interrupted after 2 chunks in ``tmp_path/run`` (``cut``: its checkpoint, loaded)."""
     full = tj.train(config, run_dir=tmp_path / "full", progress=False)
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupt):
         tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
-    cut = tj.load(run_dir)
+    return full, run_dir, tj.load(run_dir)
+
+
+def test_async_sync_ppo_exact_resume_in_a_fresh_process(tmp_path):
+    config = tj.PPOConfig(**{**PPO, "runtime": "async", "schedule": "sync"})
+    full, run_dir, cut = _straight_and_interrupted(config, tmp_path)
     assert cut.meta["resumable"] is True and cut.step == 2 * CHUNK_STEPS
     assert int(cut.state.learner.version) == 4 and cut.meta["async_counters"]["taken"] == 2 * CHUNK_STEPS
     proc = resume_in_fresh_process(tmp_path, run_dir)
@@ -367,11 +373,7 @@ _DQN_RESUME_SCRIPT = textwrap.dedent("""
 
 def test_async_sync_dqn_exact_resume_in_a_fresh_process_with_replay_and_epsilon(tmp_path, dqn_full):
     config = tj.DQNConfig(**{**DQN, "runtime": "async", "schedule": "sync"})
-    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
-    run_dir = tmp_path / "run"
-    with pytest.raises(Interrupt):
-        tj.train(config, run_dir=run_dir, progress=False, callback=interrupt_after(2))
-    cut = tj.load(run_dir)
+    full, run_dir, cut = _straight_and_interrupted(config, tmp_path)
     assert cut.meta["includes_replay"] is True and cut.meta["resumable"] is True
     assert int(cut.state.learner.version) == 2 * config.iterations_per_chunk and int(cut.state.replay.size) > 0
     assert cut.step == cut.meta["async_counters"]["taken"] > config.learning_starts
