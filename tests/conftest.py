@@ -43,6 +43,17 @@ def compile_counter() -> CompileCounter:
     return CompileCounter()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_code():
+    """After each test module, drop every compiled function (tianji_jax.caches.clear_caches).
+    Each XLA CPU executable holds memory mappings; over the whole suite one process went past
+    Linux's vm.max_map_count (65530) and the next compilation segfaulted inside LLVM (CI, twice)."""
+    yield
+    from tianji_jax.caches import clear_caches
+
+    clear_caches()
+
+
 def pytest_collection_modifyitems(config, items):
     """Ray's driver runtime stays in a process after ``ray.shutdown()`` and was seen to segfault
     later, unrelated tests in CI; the Ray tests therefore run only in a child pytest process

@@ -9,6 +9,7 @@ Public API::
     tj.evaluate(config, result.state, num_episodes=10)
 """
 
+from tianji_jax.caches import clear_caches
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, make_train
@@ -21,5 +22,5 @@ __all__ = [
     "PPOConfig", "make_train", "train", "evaluate", "load_params", "TrainResult", "PPOTrainState", "PPOAnakin",
     "EvalResult", "METRIC_COLUMNS", "__version__",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
-    "CheckpointConfig", "load", "LoadedRun", "load_config",
+    "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches",
 ]

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tianji_jax.caches import register
 from tianji_jax.algos import distributions
 from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv
@@ -34,7 +35,7 @@ class EvalResult(dict):
         return float(np.std(self["returns"]))
 
 
-_CACHE: dict[Any, Callable] = {}
+_CACHE: dict[Any, Callable] = register({})
 _LOCK = threading.Lock()
 
 

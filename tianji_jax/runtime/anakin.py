@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import struct
 
+from tianji_jax.caches import register
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.config import PPOConfig
 from tianji_jax.runtime.ppo_parts import ActorState, LearnerState, PPOParts, make_network
@@ -97,7 +98,7 @@ class PPOAnakin(PPOParts):
         return jax.lax.scan(self._update, state, None, length=self.updates_per_chunk)
 
 
-_CACHE: dict[tuple[PPOConfig, int], PPOAnakin] = {}
+_CACHE: dict[tuple[PPOConfig, int], PPOAnakin] = register({})
 _CACHE_LOCK = threading.Lock()
 
 

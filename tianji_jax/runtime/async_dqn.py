@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tianji_jax.caches import register
 from tianji_jax.buffers import ReplayIngress, TrajectoryItem
 from tianji_jax.config import DQNConfig
 from tianji_jax.rate_limiter import RateLimiter
@@ -31,7 +32,7 @@ from tianji_jax.runtime.dqn_parts import DQNParts, actor_epsilons, window_transi
 
 __all__ = ["AsyncDQN", "ReplayRunner"]
 
-_JIT_CACHE: dict[Any, tuple] = {}
+_JIT_CACHE: dict[Any, tuple] = register({})
 _LOCK = threading.Lock()
 
 

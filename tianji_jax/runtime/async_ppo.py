@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tianji_jax.caches import register
 from tianji_jax.config import PPOConfig
 from tianji_jax.runtime.async_runtime import AsyncRunner
 from tianji_jax.runtime.host_actor import HostActor
@@ -29,7 +30,7 @@ from tianji_jax.runtime.ppo_parts import LearnerState, PPOParts
 
 __all__ = ["AsyncPPO", "placement", "resume_seed"]
 
-_JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = {}
+_JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = register({})
 _LOCK = threading.Lock()
 
 

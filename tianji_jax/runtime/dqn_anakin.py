@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from tianji_jax.caches import register
 from tianji_jax import replay
 from tianji_jax.config import DQNConfig
 from tianji_jax.runtime.dqn_parts import DQNActorState, DQNLearnerState, DQNParts
@@ -139,7 +140,7 @@ class DQNAnakin(DQNParts):
         return jax.lax.scan(self._iteration, state, None, length=self.iterations_per_chunk)
 
 
-_CACHE: dict[tuple[DQNConfig, int], DQNAnakin] = {}
+_CACHE: dict[tuple[DQNConfig, int], DQNAnakin] = register({})
 _CACHE_LOCK = threading.Lock()
 
 
