@@ -64,7 +64,7 @@ def test_bad_learner_device_counts_are_named(kwargs, match):
 
 def test_more_learner_devices_than_exist_fails_before_any_thread(tmp_path):
     config = tj.PPOConfig(**{**BASE, "num_envs": 8, "num_minibatches": 1}, num_learner_devices=4)
-    with pytest.raises(ValueError, match=r"num_learner_devices=4: only 2 cpu device"):
+    with pytest.raises(ValueError, match=r"num_learner_devices=4: needs 4 devices, only 2 cpu device"):
         tj.train(config, run_dir=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # raised before the run directory was written (a retry works)
 

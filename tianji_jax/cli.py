@@ -300,7 +300,8 @@ def _plot(argv: list[str]) -> int:
 
 def _two_cpu_devices(argv: list[str] | None = None) -> None:
     """Give the CPU platform enough devices for async actors and learners to sit on different ones
-    (design.md section 3): 2, or ``--num-learner-devices L`` + 1 when that is more. Left alone when
+    (design.md section 3): 2, or ``--num-learner-devices L`` x ``--num-learner-groups G`` + 1
+    when that is more. Left alone when
     ``XLA_FLAGS`` already sets ``--xla_force_host_platform_device_count`` (the user's choice), and
     only possible before JAX's backend starts; otherwise left as is. Accelerators are unaffected."""
     import os
@@ -311,7 +312,8 @@ def _two_cpu_devices(argv: list[str] | None = None) -> None:
         return
     want = 2
     try:
-        want = max(2, int(_flag_value(argv or [], "--num-learner-devices", "1")) + 1)
+        want = max(2, int(_flag_value(argv or [], "--num-learner-devices", "1"))
+                   * int(_flag_value(argv or [], "--num-learner-groups", "1")) + 1)
     except ValueError:
         pass  # a bad value is reported by the config's validation
     try:

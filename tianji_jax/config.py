@@ -120,6 +120,32 @@ def _check_ray(config: Any, spec: EnvSpec) -> None:
         raise ImportError("actor_backend='ray' needs Ray: pip install 'tianji-jax[ray]'")
 
 
+def _check_learner_groups(config: Any) -> None:
+    """The learner-group fields of a :class:`PPOConfig` (after the fields they depend on)."""
+    groups = config.num_learner_groups
+    if groups == 1:
+        if config.sync_every != 1:
+            raise ValueError(f"sync_every={config.sync_every} needs num_learner_groups > 1 (it is the number of "
+                             "updates between the groups' param averagings); got num_learner_groups=1")
+        return
+    if config.runtime != "async":
+        raise ValueError(f"num_learner_groups={groups} needs runtime='async'; got runtime={config.runtime!r}")
+    for name, value, allowed in (("num_learner_devices", config.num_learner_devices, 1),
+                                 ("num_processes", config.num_processes, 1)):
+        if value != allowed:
+            raise ValueError(f"num_learner_groups={groups} is not supported with {name}={value} yet; allowed: "
+                             f"{name}={allowed} (each group is one learner device in one process)")
+    if config.actor_backend != "threads":
+        raise ValueError(f"num_learner_groups={groups} is not supported with actor_backend={config.actor_backend!r} "
+                         "yet; allowed: actor_backend='threads'")
+    if config.num_actors % groups:
+        raise ValueError(f"num_actors={config.num_actors} must be a multiple of num_learner_groups={groups} (the "
+                         f"actors split evenly over the groups); allowed: {[groups * k for k in range(1, 5)]}, ...")
+    if config.total_env_steps // config.global_batch_size < groups:
+        raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_learner_groups * num_envs * "
+                         f"num_steps = {groups * config.batch_size} (one update per learner group)")
+
+
 def _check_host_fields(config: Any, spec: EnvSpec) -> None:
     """Rules for host env backends (envpool, gymnasium), shared by the configs."""
     batch = getattr(config, "env_batch_size", None)
@@ -253,6 +279,18 @@ class PPOConfig(_AgentConfig):
     """Async: data-parallel learner replicas (the last ``num_learner_devices`` devices; the actors
     keep the first). Each replica gets ``num_envs / num_learner_devices`` env columns of every
     trajectory; gradients are averaged, advantage statistics are global."""
+    num_learner_groups: int = 1
+    """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
+    device with its own optimizer state, policy version and lag-bounded queue, fed by
+    ``num_actors / G`` of the actors (actor i feeds group i % G, and acts with that group's
+    params, so policy lag is measured against the group that produced the params); every
+    ``sync_every`` updates of their own the groups average their params. ``num_updates`` counts
+    all groups' updates (each group runs ``num_updates / G`` with its own learning-rate
+    schedule). Not combined with ``num_learner_devices > 1`` (per-step gradient averaging inside
+    a group), multi-host runs, Ray actors or resume yet."""
+    sync_every: int = 1
+    """Learner groups: each group's updates between param averagings (and always at its last
+    update, so a run ends with one set of params). Needs ``num_learner_groups > 1``."""
     num_processes: int = 1
     """Async, multi-host (jax.distributed): processes in the job. Each runs this config's actors and
     contributes one trajectory of num_envs x num_steps steps to every global update (global batch
@@ -320,9 +358,12 @@ class PPOConfig(_AgentConfig):
             raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {lag}")
         if self.schedule == "one_step" and lag < 1:
             raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {lag}")
-        if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != 1:
-            raise ValueError(f"num_actors must be 1 for schedule {self.schedule!r}, got {self.num_actors}; "
-                             "use schedule 'relaxed' for several actors")
+        _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
+        _check_int("sync_every", self.sync_every, minimum=1)
+        groups = self.num_learner_groups
+        if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != groups:
+            raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule {self.schedule!r}, "
+                             f"got {self.num_actors}; use schedule 'relaxed' for several actors per group")
         if self.batch_size % self.num_minibatches != 0:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
@@ -357,6 +398,7 @@ class PPOConfig(_AgentConfig):
                     f"{[d for d in range(1, self.num_envs + 1) if self.num_envs % d == 0 and (self.batch_size // d) % self.num_minibatches == 0]}")
         _check_distributed(self)
         _check_ray(self, spec)
+        _check_learner_groups(self)
         object.__setattr__(self, "_env_spec", spec)
 
     # ---- derived quantities -------------------------------------------------------------------
@@ -389,8 +431,16 @@ class PPOConfig(_AgentConfig):
 
     @property
     def num_updates(self) -> int:
-        """Number of PPO updates (rollout + epochs): ``total_env_steps // global_batch_size``."""
-        return self.total_env_steps // self.global_batch_size
+        """Number of PPO updates (rollout + epochs): ``total_env_steps // global_batch_size``,
+        rounded down to a multiple of ``num_learner_groups`` (all groups' updates together)."""
+        groups = self.num_learner_groups
+        return self.total_env_steps // self.global_batch_size // groups * groups
+
+    @property
+    def updates_per_group(self) -> int:
+        """Updates each learner group runs: ``num_updates // num_learner_groups`` (all of them
+        with one group)."""
+        return self.num_updates // self.num_learner_groups
 
     @property
     def env_steps(self) -> int:
@@ -423,6 +473,8 @@ class PPOConfig(_AgentConfig):
                f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
             + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                if self.actor_backend == "ray" else "")
+            + (f"; {self.num_learner_groups} learner groups of {self.updates_per_group} updates each, params "
+               f"averaged every {self.sync_every} updates" if self.num_learner_groups > 1 else "")
             + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
                f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
                f"{self.global_batch_size}" if self.num_processes > 1 else "")

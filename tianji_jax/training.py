@@ -181,7 +181,10 @@ def train(
     correctly but not bit-identically. Host (envpool/gymnasium) actors cannot save their C++ env
     state: on resume they re-seed their envs from the run seed and the resume step
     (:func:`~tianji_jax.runtime.async_ppo.resume_seed`) and reset, losing the episodes in
-    progress. Multi-host async runs (``num_processes > 1``) cannot be resumed yet.
+    progress. Multi-host async runs (``num_processes > 1``) and runs with learner groups
+    (``num_learner_groups > 1``) cannot be resumed yet; with learner groups each row, its
+    evaluation and its checkpoint (for ``load``/``eval``) use the learner group whose update
+    completed the row (``meta["learner_group"]``), and the last row the groups' averaged params.
 
     Args:
         config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction); with
@@ -213,7 +216,8 @@ def train(
         FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
             is never overwritten).
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
-            by a multi-host async run (or an older tianji_jax without async resume), or (DQN)
+            by a multi-host async run or one with learner groups (or an older tianji_jax without
+            async resume), or (DQN)
             without its replay buffer.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
@@ -291,7 +295,8 @@ class _RunFiles:
                                   self.packages if check_versions else None)
             if not meta.get("resumable", False):
                 raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: written by a multi-host "
-                                 "async run (num_processes > 1) or by a tianji_jax that did not checkpoint the "
+                                 "async run (num_processes > 1), a run with learner groups (num_learner_groups > 1) "
+                                 "or by a tianji_jax that did not checkpoint the "
                                  "async runtime's actors and counters (they serve tianji_jax.load and tianji eval); "
                                  "allowed: resume single-process runs written by this version")
             if algo == "dqn" and not meta.get("includes_replay", False):
@@ -390,7 +395,8 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
     if config.runtime == "async" and config.num_processes == 1:
         from tianji_jax.runtime.async_ppo import placement
 
-        placement(num_learner_devices=config.num_learner_devices)  # device errors before the run dir exists
+        # device errors before the run dir exists
+        placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
         run_dir, progress = None, False
     start = time.perf_counter()
@@ -404,7 +410,7 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
                "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
     files = _RunFiles(config, "ppo", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                       tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                      resumable=config.num_processes == 1)
+                      resumable=config.num_processes == 1 and config.num_learner_groups == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -498,18 +504,22 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         # later, when the learner and the actors may be ahead)
         cut = ppo.cut()
         return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": ppo.lost_chunks,
-                "learner_state": ppo.learner_state, "cut": cut}
+                "learner_states": list(ppo.learner_states), "cut": cut}
 
     runner.extra_snapshot = extra
     pending: list[Any] = []
     last = runner.take_snapshot()
     stopped = [False]
+    updates = [runner.start_version]  # all learner groups' updates (= the version without groups)
 
     def on_update(version: int, metrics: Any, item: Any) -> bool:
         pending.append(metrics)
+        updates[0] += 1
+        version = updates[0]
         if version % config.updates_per_chunk and version != config.num_updates:
             return False
-        m = host_metrics(jax.tree.map(lambda *xs: jax.numpy.stack(xs), *pending))
+        # learner groups' metrics live on different devices: stack them on the host
+        m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for p in pending])
         pending.clear()
         snap = runner.snapshot  # counters taken by the learner thread right after this update
         dt = max(snap["time"] - last["time"], 1e-9)
@@ -530,17 +540,21 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         })
         last.clear()
         last.update(snap)
-        state_v = snap["learner_state"]  # exactly version `version`, whatever the learner does meanwhile
+        # exactly the version just published, whatever the learner does meanwhile; with learner
+        # groups the publishing group's (actor g is its first actor: its params and obs_rms match)
+        group = runner.group_of(item.actor_id)
+        state_v = snap["learner_states"][group]
         learner = _distributed_local(config, state_v) if ppo.multi else state_v
         actors = snap["cut"]["actors"]  # the actors as this version's learner had consumed them
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
-        obs_rms = jax.device_put(actors[0].obs_rms, ppo.eval_sharding) if actors[0] is not None else None
+        obs_rms = (jax.device_put(actors[group].obs_rms, ppo.eval_sharding if group == 0 else ppo.group_devices[group])
+                   if actors[0] is not None else None)
         stop = emit(row, learner.params, obs_rms)
         saved = PPOTrainState(_stack_actors(actors), learner)
         files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
                          {"stopped_early": stop, "has_actor": actors[0] is not None,
                           "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
-                          "async_counters": snap["cut"]["counters"]},
+                          "async_counters": snap["cut"]["counters"], "learner_group": group},
                          finished=stop or version >= config.num_updates)
         if callback is not None:
             callback(dict(row))

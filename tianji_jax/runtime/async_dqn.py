@@ -88,6 +88,7 @@ class ReplayRunner(AsyncRunner):
         self.buffer = ReplayIngress(RateLimiter(spi=spi, min_size=max(1, min_size), min_diff=centre - tol,
                                                 max_diff=centre + tol, batch_items=block_samples,
                                                 chunk_items=chunk_steps), max_policy_lag)
+        self.buffers = [self.buffer]
         self.insert, self.block_samples = insert, int(block_samples)
 
     def _actor_loop(self, actor_id: int) -> None:

@@ -25,6 +25,7 @@ from tianji_jax.caches import register
 from tianji_jax.config import PPOConfig
 from tianji_jax.runtime.async_runtime import AsyncRunner
 from tianji_jax.runtime.host_actor import HostActor
+from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
 from tianji_jax.runtime.ppo_parts import LearnerState, PPOParts
 
@@ -34,21 +35,25 @@ _JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = register({})
 _LOCK = threading.Lock()
 
 
-def placement(devices: list | None = None, num_learner_devices: int = 1) -> tuple[Any, list]:
+def placement(devices: list | None = None, num_learner_devices: int = 1,
+              num_learner_groups: int = 1) -> tuple[Any, list]:
     """``(actor_device, learner_devices)``: actors on the first device, the learner(s) on the last
-    ``num_learner_devices`` (disjoint from the actors' when there are enough devices; design.md
-    section 3: on one device actor inference and learner updates serialise).
+    ``num_learner_devices * num_learner_groups`` (disjoint from the actors' when there are enough
+    devices; design.md section 3: on one device actor inference and learner updates serialise).
 
     Raises:
         ValueError: more learner devices asked for than there are devices.
     """
     devs = list(devices if devices is not None else jax.devices())
-    if num_learner_devices > len(devs):
+    need = num_learner_devices * num_learner_groups
+    if need > len(devs):
+        what = (f"num_learner_devices={num_learner_devices}" if num_learner_groups == 1 else
+                f"num_learner_groups={num_learner_groups} x num_learner_devices={num_learner_devices}")
         raise ValueError(
-            f"num_learner_devices={num_learner_devices}: only {len(devs)} {devs[0].platform} device(s); allowed "
-            f"1..{len(devs)} (on CPU, start Python with XLA_FLAGS=--xla_force_host_platform_device_count=N "
-            "or set jax_num_cpu_devices before JAX starts)")
-    return devs[0], devs[len(devs) - num_learner_devices:]
+            f"{what}: needs {need} devices, only {len(devs)} {devs[0].platform} device(s); allowed "
+            f"1..{len(devs)} learner devices in all (on CPU, start Python with "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N or set jax_num_cpu_devices before JAX starts)")
+    return devs[0], devs[len(devs) - need:]
 
 
 def resume_seed(seed: int, env_steps: int) -> int:
@@ -92,16 +97,25 @@ class AsyncPPO:
             with), fold ``env_steps`` into their PRNG key, and reset; episodes in progress at the
             checkpoint are lost.
 
+    Learner groups (``config.num_learner_groups`` G > 1): G learner states, one per device of
+    the last G devices (:attr:`group_devices`), all starting from the same params (PRNG keys
+    folded with the group index); actor ``i`` feeds group ``i % G``; after an update at a sync
+    point (:func:`~tianji_jax.runtime.learner_groups.is_sync_point`) a group waits for the
+    others and continues from the mean params (:class:`ParamAverager`; optimizer states stay per
+    group). The time a group waits there counts in ``update_s``.
+
     Raises:
-        ValueError: ``restore`` for a multi-host run (not supported yet), or actor states that
-            do not match ``num_actors``.
+        ValueError: ``restore`` for a multi-host run or a run with learner groups (not supported
+            yet), or actor states that do not match ``num_actors``.
 
     Attributes:
         runner: the :class:`AsyncRunner`.
+        learner_states: per learner group, its newest :class:`LearnerState` (one entry without
+            groups); :attr:`learner_state` is group 0's.
+        averager: the :class:`ParamAverager` of the learner groups (None without groups).
         timers: cumulative seconds ``rollout_s`` (inference + env step, fused on the actor device),
             ``h2d_s`` (params to the actor device and trajectories to the learner device) and
             ``update_s`` (learner update), guarded by ``timers_lock``.
-        learner_state: the newest :class:`LearnerState` (read it after the run).
         obs_rms: actor 0's newest observation statistics.
         consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
@@ -112,13 +126,21 @@ class AsyncPPO:
 
         self.config = config
         self.multi = config.num_processes > 1  # multi-host learners (runtime/distributed.py)
+        groups = config.num_learner_groups
+        if restore is not None and groups > 1:
+            raise ValueError(f"resume of a run with learner groups (num_learner_groups={groups}) is not supported "
+                             "yet; allowed: resume runs with num_learner_groups=1")
         if self.multi:
             dist = _distributed(config)
             self.actor_device, self.learner_devices, self.global_learner_devices = dist.placement(
                 config.num_learner_devices)
+            self.group_devices = [self.learner_devices[0]]
         else:
-            self.actor_device, self.learner_devices = placement(num_learner_devices=config.num_learner_devices)
+            self.actor_device, devs = placement(num_learner_devices=config.num_learner_devices,
+                                                num_learner_groups=groups)
+            self.learner_devices = devs[:config.num_learner_devices]
             self.global_learner_devices = self.learner_devices
+            self.group_devices = devs[::config.num_learner_devices]  # one device per group when groups > 1
         self.learner_device = self.learner_devices[0]
         self.mesh = (Mesh(np.asarray(self.global_learner_devices), ("data",))
                      if len(self.global_learner_devices) > 1 else None)
@@ -145,6 +167,7 @@ class AsyncPPO:
             self.timers.update(inference_s=0.0, env_step_s=0.0)
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        self.learner_states: list[LearnerState] = [None]
         if restore is not None and self.multi:
             raise ValueError("resume of a multi-host async run (num_processes > 1) is not supported yet; "
                              "allowed: resume single-process runs")
@@ -154,10 +177,13 @@ class AsyncPPO:
             env_seed = resume_seed(config.seed, int(restore["env_steps"]))
             self.learner_state = jax.device_put(restore["learner"], self._replicated)
         elif self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
-            self.learner_state: LearnerState = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
+            self.learner_state = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
             k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
         else:
-            self.learner_state = jax.device_put(self.parts.init_learner(k_learner), self._replicated)
+            init = self.parts.init_learner(k_learner)
+            self.learner_states = [jax.device_put(init if g == 0 else init.replace(key=jax.random.fold_in(init.key, g)),
+                                                  self._replicated if g == 0 else self.group_devices[g])
+                                   for g in range(groups)]
         counters = restore["counters"] if restore is not None else {}
         self._discarded_before = int(counters.get("dropped_partial", 0))
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
@@ -182,7 +208,8 @@ class AsyncPPO:
                 else:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
-                                                          self.to_learner, self._time, seed=env_seed))
+                                                          partial(self.to_learner, group=i % groups), self._time,
+                                                          seed=env_seed))
             except BaseException:
                 self.close()
                 raise
@@ -201,13 +228,15 @@ class AsyncPPO:
         try:
             self.runner = AsyncRunner(
                 actors=actors, learn=self._learn_item,
-                initial_params=self.local_learner_state.params, num_updates=config.num_updates,
+                initial_params=self.local_learner_state.params, num_updates=config.updates_per_group,
                 item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
                 queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
-                initial_version=int(self.local_learner_state.version))
+                initial_version=int(self.local_learner_state.version), num_groups=groups)
         except BaseException:
             self.close()
             raise
+        self.averager = (ParamAverager(groups, self.group_devices, config.stall_timeout_s, self.runner.stop)
+                         if groups > 1 else None)
         for client in self.ray_actors:  # a remote rollout in flight returns as soon as the run stops
             client.stop = self.runner.stop
         self.consumed_actor_states: list = list(self._actor_states)
@@ -217,6 +246,16 @@ class AsyncPPO:
             local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
             self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
             self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+
+    @property
+    def learner_state(self) -> LearnerState:
+        """Learner group 0's newest :class:`LearnerState` (the only one without groups; read it
+        after the run)."""
+        return self.learner_states[0]
+
+    @learner_state.setter
+    def learner_state(self, state: LearnerState) -> None:
+        self.learner_states[0] = state
 
     @property
     def local_learner_state(self) -> LearnerState:
@@ -232,11 +271,12 @@ class AsyncPPO:
         params: the learner sharding on one host, this process's first learner device with several."""
         return self.learner_device if self.multi else self._replicated
 
-    def to_learner(self, traj: dict) -> dict:
-        """Place a trajectory on the learner: its device, or sharded along the env axis ``N``
-        over the data-parallel learner devices (``NamedSharding`` over the ``"data"`` mesh axis)."""
+    def to_learner(self, traj: dict, group: int = 0) -> dict:
+        """Place a trajectory on the learner: its device (learner group ``group``'s with learner
+        groups), or sharded along the env axis ``N`` over the data-parallel learner devices
+        (``NamedSharding`` over the ``"data"`` mesh axis)."""
         if self.mesh is None:
-            return jax.device_put(traj, self.learner_device)
+            return jax.device_put(traj, self.group_devices[group])
         if self.multi:  # this process's columns of the global trajectory (env axis num_processes * N wide)
             return _distributed(self.config).to_global(traj, self.mesh, _traj_spec, self.config.num_processes)
         return {k: jax.device_put(v, NamedSharding(self.mesh, _traj_spec(k))) for k, v in traj.items()}
@@ -294,6 +334,11 @@ class AsyncPPO:
                     + ", ".join(str(d) for d in self.learner_devices))
         same = (" (shared device: acting and learning will serialise there)"
                 if self.actor_device in self.learner_devices else "")
+        if len(self.group_devices) > 1:
+            same = (" (a device shared with the actors: acting and learning will serialise there)"
+                    if self.actor_device in self.group_devices else "")
+            return (f"placement: actors on {self.actor_device}, {len(self.group_devices)} learner groups on "
+                    + ", ".join(f"{d} (group {g})" for g, d in enumerate(self.group_devices)) + same)
         if self.mesh is None:
             return f"placement: actors on {self.actor_device}, learner on {self.learner_device}{same}"
         if self.multi:
@@ -322,7 +367,7 @@ class AsyncPPO:
             if i == 0:
                 self.obs_rms = state.obs_rms
             t0 = time.perf_counter()
-            traj = jax.block_until_ready(self.to_learner(traj))
+            traj = jax.block_until_ready(self.to_learner(traj, self.runner.group_of(i)))
             self._time("h2d_s", t0)
             return (traj, state), self.config.batch_size  # the state after it: a checkpoint cut's actor half
         return act
@@ -343,8 +388,14 @@ class AsyncPPO:
             # replicas must agree on every process: one line per update (tests compare them)
             dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
             return params, dist.local_replica(metrics)
-        state, metrics = self._learn(self.learner_state, traj)
+        group = self.runner.group_of(item.actor_id)
+        state, metrics = self._learn(self.learner_states[group], traj)
+        if self.averager is not None and is_sync_point(version + 1, self.config.sync_every,
+                                                       self.config.updates_per_group):
+            params = self.averager.average(group, state.params, version + 1)
+            if params is not None:  # None: the run is stopping
+                state = state.replace(params=params)
         jax.block_until_ready(state.params)
         self._time("update_s", t0)
-        self.learner_state = state
+        self.learner_states[group] = state
         return state.params, metrics

@@ -13,6 +13,12 @@ Schedules (design.md section 4):
                   queue is full (admission control, :meth:`TrajectoryQueue.admit`); the lag gate
                   still drops any sample older than K.
 ``sync`` and ``one_step`` take one actor (their determinism depends on it).
+
+Learner groups (``num_groups`` G > 1, TianJi's independent learners): G learner threads, each with
+its own ParamStore (its own policy version) and TrajectoryQueue; actor ``i`` feeds group
+``i % G`` and acts with that group's params, so lag is always measured against the group that
+produced the params. Averaging params across groups is the learn function's business
+(:mod:`tianji_jax.runtime.learner_groups`); the schedules' one-actor rule applies per group.
 """
 
 from __future__ import annotations
@@ -113,36 +119,51 @@ class AsyncRunner:
         initial_version: version of ``initial_params`` (0 for a new run; the restored learner's
             version on resume): the learner stops at ``num_updates`` in total, and ``sync`` /
             ``one_step`` actors start their first rollout with these params without waiting.
+        num_groups: learner groups G (>= 1); ``num_updates`` is per group, the actors split
+            evenly (actor ``i`` in group ``i % G``). :attr:`store` and :attr:`buffer` are group
+            0's (:attr:`stores`, :attr:`buffers` hold all).
 
     Raises:
-        ValueError: bad schedule/lag/actor-count combination, a negative ``initial_version``, or
-            a rate-limiter band that could deadlock, before any thread starts.
+        ValueError: bad schedule/lag/actor-count combination (actors not a multiple of
+            ``num_groups``), a negative ``initial_version``, or a rate-limiter band that could
+            deadlock, before any thread starts.
     """
 
     def __init__(self, *, actors: list[ActFn], learn: LearnFn, initial_params: Any, num_updates: int,
                  item_steps: int, schedule: str = "relaxed", max_policy_lag: int = 1, queue_batches: int = 2,
                  stall_timeout_s: float = 60.0, store: ParamStore | None = None, admission: bool = True,
-                 initial_version: int = 0):
+                 initial_version: int = 0, num_groups: int = 1):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if not actors:
             raise ValueError("actors: need at least one actor")
-        if schedule in ("sync", "one_step") and len(actors) != 1:
-            raise ValueError(f"num_actors must be 1 for schedule {schedule!r} (its determinism needs one actor); "
-                             f"got {len(actors)}. Use schedule 'relaxed' for several actors")
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+            raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
+        if len(actors) % num_groups:
+            raise ValueError(f"num_actors={len(actors)} must be a multiple of num_groups={num_groups} (the actors "
+                             "split evenly over the learner groups)")
+        if schedule in ("sync", "one_step") and len(actors) != num_groups:
+            raise ValueError(f"num_actors must be {num_groups} (one per learner group) for schedule {schedule!r} "
+                             f"(its determinism needs one actor); got {len(actors)}. Use schedule 'relaxed' for "
+                             "several actors")
         if schedule == "sync" and max_policy_lag != 0:
             raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {max_policy_lag}")
         if schedule == "one_step" and max_policy_lag < 1:
             raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {max_policy_lag}")
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
-        limiter = RateLimiter(spi=1.0, min_size=item_steps, min_diff=0, max_diff=queue_batches * item_steps,
-                              batch_items=item_steps, chunk_items=item_steps)
-        self.buffer = TrajectoryQueue(limiter, max_policy_lag)
+        self.num_groups = num_groups
+        self.buffers = [TrajectoryQueue(RateLimiter(spi=1.0, min_size=item_steps, min_diff=0,
+                                                    max_diff=queue_batches * item_steps, batch_items=item_steps,
+                                                    chunk_items=item_steps), max_policy_lag)
+                        for _ in range(num_groups)]
+        self.buffer = self.buffers[0]
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
         self.start_version = initial_version
-        self.store = store if store is not None else ParamStore(initial_params, initial_version)
+        self.stores = [store if store is not None and g == 0 else ParamStore(initial_params, initial_version)
+                       for g in range(num_groups)]
+        self.store = self.stores[0]
         self.actors, self.learn = actors, learn
         self.num_updates, self.item_steps = int(num_updates), int(item_steps)
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
@@ -165,52 +186,64 @@ class AsyncRunner:
                 exc.add_note(f"raised in tianji thread {name!r}")
                 self.events.put(("error", name, exc, traceback.format_exc(), None))
                 self.stop.set()
-                self.buffer.wake()
+                self._wake()
         return run
+
+    def _wake(self) -> None:
+        for buf in self.buffers:
+            buf.wake()
+
+    def group_of(self, actor_id: int) -> int:
+        """The learner group actor ``actor_id`` feeds (``actor_id % num_groups``)."""
+        return actor_id % self.num_groups
 
     def _wait_params(self, actor_id: int, min_version: int, have: int) -> tuple[Any, int] | None:
         with self.telemetry.span("actor_wait_s"):
-            got = self.store.wait_for(min_version, self.stall_timeout_s, self.stop)
+            got = self.stores[self.group_of(actor_id)].wait_for(min_version, self.stall_timeout_s, self.stop)
         if got is None and not self.stop.is_set():
             raise StallError(
                 f"actor {actor_id} received no params of version >= {min_version} for {self.stall_timeout_s:g} s; "
-                f"last published version {self.store.version}, last seen by this actor {have}")
+                f"last published version {self.stores[self.group_of(actor_id)].version}, last seen by this actor "
+                f"{have}")
         return got
 
     def _insert(self, item: TrajectoryItem) -> bool:
+        buffer = self.buffers[self.group_of(item.actor_id)]
         with self.telemetry.span("actor_wait_s"):
             while not self.stop.is_set():
-                if self.buffer.put(item, 0.5, self.stop):
+                if buffer.put(item, 0.5, self.stop):
                     return True
             return False
 
-    def _admit(self) -> bool:
+    def _admit(self, group: int) -> bool:
         with self.telemetry.span("actor_wait_s"):
             while not self.stop.is_set():
-                if self.buffer.admit(self.item_steps, 0.5, self.stop):
+                if self.buffers[group].admit(self.item_steps, 0.5, self.stop):
                     return True
             return False
 
     def _relaxed_actor_loop(self, actor_id: int) -> None:
         act = self.actors[actor_id]
+        group = self.group_of(actor_id)
         while not self.stop.is_set():
-            if not self._admit():
+            if not self._admit(group):
                 return
-            params, version = self.store.latest()  # read after admission: the newest there is
+            params, version = self.stores[group].latest()  # read after admission: the newest there is
             with self.telemetry.span("actor_busy_s"):
                 out = act(params, version)
             if out is None:  # stopped while the rollout was in flight
                 return
             data, steps = out
             self.actor_logs[actor_id].append(version)
-            self.buffer.put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps),
-                            0.0, self.stop, admitted=True)
+            self.buffers[group].put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps),
+                                    0.0, self.stop, admitted=True)
 
     def _actor_loop(self, actor_id: int) -> None:
         if self.schedule == "relaxed" and self.admission:
             return self._relaxed_actor_loop(actor_id)
         act = self.actors[actor_id]
-        params, version = self.store.latest()
+        store = self.stores[self.group_of(actor_id)]
+        params, version = store.latest()
         pending: TrajectoryItem | None = None
         start = r = self.start_version  # rollout index = the version sync acts with
         while not self.stop.is_set():
@@ -226,7 +259,7 @@ class AsyncRunner:
                 if pending is not None and not self._insert(pending):
                     return
                 if self.schedule == "relaxed":  # without admission control
-                    params, version = self.store.latest()
+                    params, version = store.latest()
                 elif self.schedule == "sync" and r > start:
                     got = self._wait_params(actor_id, r, version)
                     if got is None:
@@ -241,18 +274,20 @@ class AsyncRunner:
             pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)
             r += 1
 
-    def _learner_loop(self) -> None:
-        version = self.store.version
+    def _learner_loop(self, group: int = 0) -> None:
+        store, buffer = self.stores[group], self.buffers[group]
+        version = store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
             t0 = time.perf_counter()
-            item = self.buffer.get(version, 0.5, self.stop)
+            item = buffer.get(version, 0.5, self.stop)
             self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
             if item is None:
                 if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
                     raise StallError(
-                        f"learner received no fresh data for {self.stall_timeout_s:g} s; last published version "
-                        f"{version}, last consumed sample version {self.last_consumed_version}")
+                        f"learner{f' group {group}' if self.num_groups > 1 else ''} received no fresh data for "
+                        f"{self.stall_timeout_s:g} s; last published version {version}, last consumed sample version "
+                        f"{self.last_consumed_version}")
                 continue
             last_fresh = time.monotonic()
             self.last_consumed_version = item.version
@@ -260,7 +295,7 @@ class AsyncRunner:
             params, metrics = self.learn(item, version)
             self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
             version += 1
-            self.store.publish(params, version)
+            store.publish(params, version)
             self.events.put(("update", version, metrics, item, self.take_snapshot()))
         self.events.put(("done", version, None, None, self.take_snapshot()))
 
@@ -270,13 +305,18 @@ class AsyncRunner:
         thread may handle the event later): ``time`` (perf_counter seconds), the buffer's
         ``produced`` / ``consumed`` / ``inserted`` / ``dropped_stale`` / ``depth``, the limiter's
         ``sampled`` / ``limiter_inserted`` / ``limiter_error``, the telemetry's wait and busy
-        seconds, plus whatever ``extra_snapshot()`` returns (per-phase timers)."""
-        buf, lim = self.buffer, self.buffer.limiter
+        seconds, plus whatever ``extra_snapshot()`` returns (per-phase timers). With learner
+        groups the counts are sums over the groups' queues."""
         now = time.perf_counter()
         waits = self.telemetry.read(now)  # the same instant as the row's time: fractions stay <= 1
-        snap = {"time": now, "produced": buf.produced, "consumed": getattr(buf, "consumed", 0),
-                "inserted": getattr(buf, "inserted", 0), "dropped_stale": buf.dropped_stale, "depth": buf.depth(),
-                "sampled": lim.sampled, "limiter_inserted": lim.inserted, "limiter_error": lim.error, **waits}
+        bufs = self.buffers
+        snap = {"time": now, "produced": sum(b.produced for b in bufs),
+                "consumed": sum(getattr(b, "consumed", 0) for b in bufs),
+                "inserted": sum(getattr(b, "inserted", 0) for b in bufs),
+                "dropped_stale": sum(b.dropped_stale for b in bufs), "depth": sum(b.depth() for b in bufs),
+                "sampled": sum(b.limiter.sampled for b in bufs),
+                "limiter_inserted": sum(b.limiter.inserted for b in bufs),
+                "limiter_error": sum(b.limiter.error for b in bufs), **waits}
         if self.extra_snapshot is not None:
             snap.update(self.extra_snapshot())
         return snap
@@ -284,19 +324,26 @@ class AsyncRunner:
     # -- caller ------------------------------------------------------------------------------------
     def run(self, on_update: Callable[[int, Any, TrajectoryItem], bool], join_timeout_s: float = 5.0) -> int:
         """Start the threads and call ``on_update(version, metrics, item)`` in the caller's thread
-        after every update; it returns True to stop early. Returns the number of updates done.
+        after every update; it returns True to stop early. Returns the newest published version
+        (the sum of the groups' versions with learner groups; ``version`` passed to
+        ``on_update`` is the publishing group's, that of ``group_of(item.actor_id)``).
 
         Raises:
             The original exception of a failed thread (with a note naming the thread), or
             :class:`StallError`; RuntimeError if a thread does not stop within ``join_timeout_s``.
         """
-        names = [f"actor-{i}" for i in range(len(self.actors))] + ["learner"]
-        targets = [lambda i=i: self._actor_loop(i) for i in range(len(self.actors))] + [self._learner_loop]
+        groups = range(self.num_groups)
+        names = ([f"actor-{i}" for i in range(len(self.actors))]
+                 + (["learner"] if self.num_groups == 1 else [f"learner-{g}" for g in groups]))
+        targets = ([lambda i=i: self._actor_loop(i) for i in range(len(self.actors))]
+                   + ([self._learner_loop] if self.num_groups == 1 else
+                      [lambda g=g: self._learner_loop(g) for g in groups]))
         self._threads = [threading.Thread(target=self._guard(n, t), name=f"tianji-{n}", daemon=True)
                          for n, t in zip(names, targets)]
         for t in self._threads:
             t.start()
-        done = 0
+        latest = [self.start_version] * self.num_groups  # each group's newest published version
+        finished = 0  # learner groups that ran all their updates
         error: BaseException | None = None
         try:
             while True:
@@ -308,15 +355,17 @@ class AsyncRunner:
                     error = payload
                     break
                 if kind == "done":
-                    done = version
-                    break
-                done = version
+                    finished += 1
+                    if finished == self.num_groups:
+                        break
+                    continue
+                latest[self.group_of(item.actor_id) if item is not None else 0] = version
                 self.snapshot = snap
                 if on_update(version, payload, item):
                     break
         finally:
             self.stop.set()
-            self.buffer.wake()
+            self._wake()
             deadline = time.monotonic() + join_timeout_s
             for t in self._threads:
                 t.join(max(0.0, deadline - time.monotonic()))
@@ -331,4 +380,4 @@ class AsyncRunner:
             raise error
         if alive:
             raise RuntimeError(f"threads did not stop within {join_timeout_s} s: {alive}")
-        return done
+        return sum(latest)
