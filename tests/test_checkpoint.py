@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -248,6 +249,9 @@ def test_incompatible_config_names_the_fields(ppo_full, tmp_path):
         tj.train(tj.PPOConfig(**PPO), resume=True)
     with pytest.raises(FileExistsError):
         tj.train(tj.PPOConfig(**PPO), run_dir=ppo_full.run_dir, progress=False)
+    a_file = Path(ppo_full.run_dir) / "metrics.csv"
+    with pytest.raises(NotADirectoryError, match=r"run_dir='.*metrics.csv' is a file"):
+        tj.train(tj.PPOConfig(**PPO), run_dir=a_file, progress=False)
 
 
 def test_package_version_mismatch_is_named():

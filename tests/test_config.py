@@ -382,3 +382,18 @@ def test_minibatches_of_one_step_with_advantage_normalisation_are_rejected():
     with pytest.raises(ValueError, match=r"num_minibatches=64 leaves minibatches of 1 step"):
         PPOConfig(**{**BASE, "num_minibatches": 64})
     PPOConfig(**{**BASE, "num_minibatches": 64, "normalize_advantages": False})
+
+
+@pytest.mark.parametrize("field, value", [("schedule", "sync"), ("max_policy_lag", 1), ("num_actors", 2),
+                                          ("queue_batches", 3), ("stall_timeout_s", 5.0)])
+def test_async_only_fields_are_refused_under_anakin(field, value):
+    """A value that Anakin would silently ignore is an error naming the field and what is allowed."""
+    with pytest.raises(ValueError, match=rf"{field}={value!r} only applies to runtime='async'.*Allowed: "
+                                         rf"runtime='async', or {field}="):
+        PPOConfig(**{**BASE, field: value})
+    PPOConfig(**{**BASE, "runtime": "async", field: value, **({"max_policy_lag": 0} if value == "sync" else {})})
+    if field != "queue_batches":  # DQN has no queue_batches
+        from tianji_jax import DQNConfig
+
+        with pytest.raises(ValueError, match=rf"{field}={value!r} only applies to runtime='async'"):
+            DQNConfig(env="gymnax:CartPole-v1", **{field: value})

@@ -192,7 +192,7 @@ def _train(argv: list[str]) -> int:
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     try:
         result = train(config, run_dir=run_dir, progress=args.progress, **extras)
-    except (FileExistsError, CheckpointError, ValueError, ImportError) as err:
+    except (FileExistsError, NotADirectoryError, CheckpointError, ValueError, ImportError) as err:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then

@@ -120,6 +120,19 @@ def _check_ray(config: Any, spec: EnvSpec) -> None:
         raise ImportError("actor_backend='ray' needs Ray: pip install 'tianji-jax[ray]'")
 
 
+def _check_async_only(config: Any, names: tuple[str, ...]) -> None:
+    """Async-runtime fields must keep their defaults under ``runtime='anakin'`` (a value there
+    would be silently ignored)."""
+    if config.runtime != "anakin":
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name in names:
+        value = getattr(config, name)
+        if value != defaults[name]:
+            raise ValueError(f"{name}={value!r} only applies to runtime='async' (actor threads, the lag-bounded queue); "
+                             f"got runtime='anakin'. Allowed: runtime='async', or {name}={defaults[name]!r} (default)")
+
+
 def _check_learner_groups(config: Any) -> None:
     """The learner-group fields of a :class:`PPOConfig` (after the fields they depend on)."""
     groups = config.num_learner_groups
@@ -399,6 +412,7 @@ class PPOConfig(_AgentConfig):
         _check_distributed(self)
         _check_ray(self, spec)
         _check_learner_groups(self)
+        _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "queue_batches", "stall_timeout_s"))
         object.__setattr__(self, "_env_spec", spec)
 
     # ---- derived quantities -------------------------------------------------------------------
@@ -753,6 +767,7 @@ class DQNConfig(_AgentConfig):
         if spec.action_kind != "discrete":
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
         _check_host_fields(self, spec)  # host envs (envpool, gymnasium) need runtime='async'
+        _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
         object.__setattr__(self, "_env_spec", spec)
         for name in ("episodic_life", "reward_clip"):
             _check_bool(name, getattr(self, name))

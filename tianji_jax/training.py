@@ -215,6 +215,7 @@ def train(
         TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
         FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
             is never overwritten).
+        NotADirectoryError: ``run_dir`` is an existing file.
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
             by a multi-host async run or one with learner groups (or an older tianji_jax without
             async resume), or (DQN)
@@ -235,6 +236,9 @@ def train(
         raise TypeError(f"config must be a PPOConfig or a DQNConfig, got {type(config).__name__}")
     if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
         raise TypeError(f"checkpoint must be a CheckpointConfig, got {type(checkpoint).__name__}")
+    if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise NotADirectoryError(f"run_dir={str(run_dir)!r} is a file; allowed: a new directory, or (with resume) "
+                                 "the directory of an earlier run")
     if wandb and run_dir is None:
         raise ValueError("wandb=True needs run_dir")
     if profile and run_dir is None:
