@@ -192,3 +192,17 @@ def test_convergence_quick(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in sorted((tmp_path / "records").glob("*.json"))} == mtimes
     assert (tmp_path / "results.csv").read_text() == before
     assert json.loads((tmp_path / "machine.json").read_text())["sizes"]["seeds"] == 1
+
+
+def test_learner_groups_quick(tmp_path):
+    summary = _run_quick("learner_groups.py", tmp_path)
+    assert "Learner groups against one learner (--quick)" in summary
+    assert (tmp_path / "learner_groups.png").stat().st_size > 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert list(df["variant"]) == ["1 learner", "G=2 S=4"] and list(df["num_learner_groups"]) == [1, 2]
+    assert (df["policy_lag_max"] <= 2).all()  # the lag contract holds per group
+    assert (df["env_steps"] == 30_720).all()  # the same budget for both: the groups split the updates
+    assert df["final_eval_return"].between(0, 500).all()
+    assert (df["consumed_env_sps"] > 0).all() and (df["consumed_over_produced"] <= 1.01).all()
+    assert df.loc[df["num_learner_groups"] == 1, "sps_over_1"].eq(1).all()
+    assert all(math.isnan(v) or 0 < v <= 30_720 for v in df["steps_to_threshold"])

@@ -118,25 +118,21 @@ class ReplayRunner(AsyncRunner):
         version = self.store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
-            t0 = time.perf_counter()
-            chunks, _ = self.buffer.take(version, None, 0.5, self.stop)
-            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            with self.telemetry.span("learner_wait_s"):
+                chunks, _ = self.buffer.take(version, None, 0.5, self.stop)
             if not chunks:
-                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
-                    raise StallError(f"learner received no transitions for {self.stall_timeout_s:g} s; "
-                                     f"last published version {version}")
+                self._check_stall(last_fresh, "learner received no transitions", f"last published version {version}")
                 continue
             last_fresh = time.monotonic()
             for chunk in chunks:
-                t0 = time.perf_counter()
-                self.insert([chunk])
-                if self.buffer.inserted > self.min_size:  # as Anakin: learn once past learning_starts
-                    self.buffer.record_sample(self.block_samples)
-                    params, metrics = self.learn(None, version)
-                    version += 1
-                    self.store.publish(params, version)
-                    self.events.put(("update", version, metrics, None, self.take_snapshot()))
-                self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+                with self.telemetry.span("learner_busy_s"):
+                    self.insert([chunk])
+                    if self.buffer.inserted > self.min_size:  # as Anakin: learn once past learning_starts
+                        self.buffer.record_sample(self.block_samples)
+                        params, metrics = self.learn(None, version)
+                        version += 1
+                        self.store.publish(params, version)
+                        self.events.put(("update", version, metrics, None, self.take_snapshot()))
                 with self._processed_cond:
                     self._processed += 1
                     self._processed_cond.notify_all()
@@ -148,22 +144,18 @@ class ReplayRunner(AsyncRunner):
         version = self.store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
-            t0 = time.perf_counter()
-            chunks, can_learn = self.buffer.take(version, self.block_samples, 0.5, self.stop)
-            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            with self.telemetry.span("learner_wait_s"):
+                chunks, can_learn = self.buffer.take(version, self.block_samples, 0.5, self.stop)
             if chunks:
-                t0 = time.perf_counter()
-                self.insert(chunks)
-                self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+                with self.telemetry.span("learner_busy_s"):
+                    self.insert(chunks)
                 last_fresh = time.monotonic()
             if not can_learn:
-                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
-                    raise StallError(f"learner received no transitions and could not sample for "
-                                     f"{self.stall_timeout_s:g} s; last published version {version}")
+                self._check_stall(last_fresh, "learner received no transitions and could not sample",
+                                  f"last published version {version}")
                 continue
-            t0 = time.perf_counter()
-            params, metrics = self.learn(None, version)
-            self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+            with self.telemetry.span("learner_busy_s"):
+                params, metrics = self.learn(None, version)
             version += 1
             self.store.publish(params, version)
             self.events.put(("update", version, metrics, None, self.take_snapshot()))

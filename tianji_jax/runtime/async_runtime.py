@@ -67,11 +67,6 @@ class Telemetry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _open: dict = field(default_factory=dict)  # id -> (name, perf_counter start) of spans in progress
 
-    def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to the counter ``name`` (one of the four fields)."""
-        with self.lock:
-            setattr(self, name, getattr(self, name) + seconds)
-
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Count the time spent in the ``with`` block towards ``name``, visible to :meth:`read`
@@ -279,25 +274,27 @@ class AsyncRunner:
         version = store.version
         last_fresh = time.monotonic()
         while version < self.num_updates and not self.stop.is_set():
-            t0 = time.perf_counter()
-            item = buffer.get(version, 0.5, self.stop)
-            self.telemetry.add("learner_wait_s", time.perf_counter() - t0)
+            with self.telemetry.span("learner_wait_s"):
+                item = buffer.get(version, 0.5, self.stop)
             if item is None:
-                if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
-                    raise StallError(
-                        f"learner{f' group {group}' if self.num_groups > 1 else ''} received no fresh data for "
-                        f"{self.stall_timeout_s:g} s; last published version {version}, last consumed sample version "
-                        f"{self.last_consumed_version}")
+                self._check_stall(last_fresh, f"learner{f' group {group}' if self.num_groups > 1 else ''} received "
+                                  f"no fresh data", f"last published version {version}, last consumed sample version "
+                                  f"{self.last_consumed_version}")
                 continue
             last_fresh = time.monotonic()
             self.last_consumed_version = item.version
-            t0 = time.perf_counter()
-            params, metrics = self.learn(item, version)
-            self.telemetry.add("learner_busy_s", time.perf_counter() - t0)
+            with self.telemetry.span("learner_busy_s"):
+                params, metrics = self.learn(item, version)
             version += 1
             store.publish(params, version)
             self.events.put(("update", version, metrics, item, self.take_snapshot()))
         self.events.put(("done", version, None, None, self.take_snapshot()))
+
+    def _check_stall(self, last_fresh: float, what: str, state: str) -> None:
+        """Raise :class:`StallError` ("``what`` for T s; ``state``") when nothing fresh arrived for
+        ``stall_timeout_s`` since ``last_fresh`` (``time.monotonic()``) and the run is not stopping."""
+        if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
+            raise StallError(f"{what} for {self.stall_timeout_s:g} s; {state}")
 
     def take_snapshot(self) -> dict[str, Any]:
         """Counters at this moment, taken in the learner thread right after a publication, so
