@@ -60,8 +60,8 @@ class _Inbox:
     def admit(self, num_steps: int, timeout_s: float, stop: threading.Event) -> bool:
         """Wait until a rollout of ``num_steps`` env steps may start (the limiter has room for it
         next to the rollouts already admitted, and the subclass's rule holds), then reserve that
-        room; False on timeout or stop (nothing reserved). Pair every True with
-        ``put(..., admitted=True)``."""
+        room; False after ``timeout_s`` seconds or once ``stop`` is set (nothing reserved). Pair
+        every True with ``put(..., admitted=True)``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not self._can_admit(num_steps):
@@ -75,8 +75,8 @@ class _Inbox:
 
     def put(self, item: TrajectoryItem, timeout_s: float, stop: threading.Event, admitted: bool = False) -> bool:
         """Insert ``item`` once the limiter allows (counted as inserted by the limiter now);
-        False on timeout or stop (nothing inserted). ``admitted=True``: the room was reserved by
-        :meth:`admit`, and the insert never waits.
+        False after ``timeout_s`` seconds or once ``stop`` is set (nothing inserted).
+        ``admitted=True``: the room was reserved by :meth:`admit`, and the insert never waits.
 
         Raises:
             RuntimeError: ``admitted=True`` without a matching :meth:`admit`.
@@ -170,7 +170,10 @@ class TrajectoryQueue(_Inbox):
 
     Args:
         limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` (PPO: ``spi=1``).
-        max_policy_lag: ``K >= 0``.
+        max_policy_lag: ``K >= 0``, in policy versions.
+
+    Raises:
+        ValueError: ``max_policy_lag < 0``.
     """
 
     def __init__(self, limiter: RateLimiter, max_policy_lag: int):
@@ -202,7 +205,8 @@ class TrajectoryQueue(_Inbox):
             self._cond.notify_all()
 
     def get(self, learner_version: int, timeout_s: float, stop: threading.Event) -> TrajectoryItem | None:
-        """Oldest item with lag ``<= K`` at ``learner_version``; None on timeout or stop.
+        """Oldest item with lag ``<= K`` at ``learner_version``; None after ``timeout_s`` seconds
+        or once ``stop`` is set.
 
         Calling ``get`` also tells the queue that the learner's previous update is published (so
         it no longer counts as in flight for :meth:`admit`); a returned item is in flight until
@@ -244,7 +248,10 @@ class ReplayIngress(_Inbox):
     Args:
         limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` counting env steps inserted and
             items sampled.
-        max_policy_lag: ``K >= 0``.
+        max_policy_lag: ``K >= 0``, in policy versions.
+
+    Raises:
+        ValueError: ``max_policy_lag < 0``.
     """
 
     def __init__(self, limiter: RateLimiter, max_policy_lag: int):

@@ -182,7 +182,12 @@ class _AgentConfig:
     """What PPOConfig and DQNConfig share besides validation: ``replace`` and ``to_dict``."""
 
     def replace(self, **changes: Any) -> Self:
-        """A copy with ``changes`` applied, validated again."""
+        """A copy with ``changes`` applied, validated again.
+
+        Raises:
+            ValueError / TypeError: as the constructor (a changed field out of range or of the
+                wrong type, or an unknown field name: TypeError).
+        """
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -991,6 +996,7 @@ def config_from_dict(data: dict[str, Any]) -> "PPOConfig | DQNConfig":
     Raises:
         ValueError: unknown ``algo``, unknown fields, or an env that was an object (written as
             ``"object:module.Class"``; pass the config yourself for such runs), or any validation error.
+        TypeError: ``data`` is not a dict, or a field of the wrong type.
     """
     if not isinstance(data, dict):
         raise TypeError(f"data must be a dict (the contents of config.json), got {type(data).__name__}")

@@ -28,10 +28,12 @@ class EvalResult(dict):
 
     @property
     def mean(self) -> float:
+        """Mean episodic return over the ``M`` episodes (Python float)."""
         return float(np.mean(self["returns"]))
 
     @property
     def std(self) -> float:
+        """Population std (``ddof=0``) of the episodic returns (Python float)."""
         return float(np.std(self["returns"]))
 
 
@@ -41,7 +43,9 @@ _LOCK = threading.Lock()
 
 def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episodes: int,
                   normalize_observations: bool, cache_key: Any = None) -> Callable:
-    """Build a jitted ``evaluate(params, obs_rms, key) -> (returns (M,), lengths (M,))``.
+    """Build a jitted ``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)``
+    (undiscounted episodic returns; lengths in env steps) with the deterministic policy
+    (:func:`~tianji_jax.algos.distributions.mode`), as :func:`make_policy_evaluate`.
 
     Args:
         spec: the resolved gymnax env.

@@ -86,6 +86,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
     Raises:
         ValueError: no run directory, or ``labels`` of the wrong length.
         FileNotFoundError: a directory without ``metrics.csv``.
+        ImportError: matplotlib (an optional dependency) is not installed.
     """
     try:  # the Figure API: no pyplot state, and the caller's backend (e.g. a notebook's inline one) is left alone
         from matplotlib.figure import Figure
@@ -139,7 +140,14 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
 
 
 def return_lines(fig: Any, title: str = RETURN_TITLE_STEPS) -> list:
-    """The return lines of the panel titled ``title`` in a figure from :func:`plot_runs` (for tests)."""
+    """The return lines of the panel titled ``title`` in a figure from :func:`plot_runs` (for tests).
+
+    Returns:
+        The panel's matplotlib ``Line2D`` objects, one per run.
+
+    Raises:
+        ValueError: no panel of ``fig`` has that title (the message lists the titles).
+    """
     for ax in fig.axes:
         if ax.get_title() == title:
             return list(ax.get_lines())

@@ -66,15 +66,20 @@ class RateLimiter:
         return self.inserted * self.spi - self.sampled
 
     def can_sample(self, n: int) -> bool:
+        """Whether ``n`` items may be sampled now: ``I >= min_size`` and ``I*spi - S - n >= min_diff``."""
         return self.inserted >= self.min_size and self.error - n >= self.min_diff
 
     def can_insert(self, n: int) -> bool:
+        """Whether ``n`` items may be inserted now: ``I + n <= min_size`` or
+        ``(I + n)*spi - S <= max_diff``."""
         return self.inserted + n <= self.min_size or (self.inserted + n) * self.spi - self.sampled <= self.max_diff
 
     def record_insert(self, n: int) -> None:
+        """Count ``n`` inserted items (no check: ask :meth:`can_insert` first)."""
         self.inserted += n
 
     def record_sample(self, n: int) -> None:
+        """Count ``n`` sampled items (no check: ask :meth:`can_sample` first)."""
         self.sampled += n
 
     def record_drop(self, n: int) -> None:

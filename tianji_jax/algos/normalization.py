@@ -32,7 +32,11 @@ class RunningMeanStd:
         return cls(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.asarray(1e-4, jnp.float32))
 
     def update(self, x: jax.Array) -> "RunningMeanStd":
-        """Fold in a batch ``x`` shaped ``(B, *shape)``."""
+        """Fold in a batch ``x`` shaped ``(B, *shape)`` (any numeric dtype, cast to float32).
+
+        Parallel mean/variance merge of Chan et al. (1979), as OpenAI baselines' ``RunningMeanStd``;
+        the count grows by ``B``.
+        """
         x = x.astype(jnp.float32)
         b_mean, b_var, b_count = jnp.mean(x, axis=0), jnp.var(x, axis=0), jnp.asarray(x.shape[0], jnp.float32)
         delta = b_mean - self.mean
@@ -48,13 +52,19 @@ class RunningMeanStd:
 
 @struct.dataclass
 class RewardScaler:
-    """Per-env discounted return ``(N,)`` float32 and the running statistics of it (scalar)."""
+    """Per-env discounted return ``(N,)`` float32 and the running statistics of it (scalar).
+
+    Rewards are divided by the running std of the discounted return, as gym's ``NormalizeReward``
+    (Engstrom et al. 2020, "Implementation Matters in Deep Policy Gradients").
+    """
 
     returns: jax.Array
     rms: RunningMeanStd
 
     @classmethod
     def create(cls, num_envs: int) -> "RewardScaler":
+        """Zero discounted returns ``(num_envs,)`` float32 and scalar statistics
+        (:meth:`RunningMeanStd.create` of shape ``()``)."""
         return cls(jnp.zeros((num_envs,), jnp.float32), RunningMeanStd.create(()))
 
     def scale(self, reward: jax.Array, done: jax.Array, gamma: float) -> tuple["RewardScaler", jax.Array]:

@@ -34,8 +34,10 @@ def gae(
 ) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation over a rollout, with separate termination and truncation.
 
-    Time runs along axis 0. With ``next_v[t] = values[t+1]`` (``last_value`` for the last step),
-    replaced by ``final_values[t]`` where ``truncated[t]``::
+    Schulman et al. 2016 ("High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", eq. 16), as a reverse ``lax.scan``. Time runs along axis 0. With
+    ``next_v[t] = values[t+1]`` (``last_value`` for the last step), replaced by
+    ``final_values[t]`` where ``truncated[t]``::
 
         delta[t] = r[t] + gamma * (1 - terminated[t]) * next_v[t] - values[t]
         A[t]     = delta[t] + gamma * lambda * (1 - done[t]) * A[t+1],   done = terminated | truncated
@@ -182,7 +184,13 @@ def ppo_loss(
 
     Args:
         params: network params for ``apply_fn(params, obs) -> (actor_out, value)``.
-        batch: a :class:`PPOBatch`.
+        apply_fn: ``apply_fn(params, obs (B, *obs_shape)) -> (actor_out, value (B,))``.
+        batch: a :class:`PPOBatch` of ``B`` transitions.
+        continuous: Gaussian policy (``actor_out = (mean, log_std)``) if True, else categorical logits.
+        clip_eps: ratio clip ``eps`` (also the value-clipping range).
+        vf_coef, ent_coef: weights of the value loss and the entropy bonus.
+        clip_value_loss: clip the value error around ``batch.values`` (Huang et al. 2022).
+        normalize_advantages: standardise advantages per minibatch (mean 0, std 1, ``+1e-8``).
         axis_name: data-parallel learners: the mapped axis the minibatch is split over (equal
             shares); advantages are then normalised with the mean and std of the *global*
             minibatch (``pmean`` of the shard moments), as a single learner would.
@@ -229,6 +237,16 @@ def make_optimizer(learning_rate: float, max_grad_norm: float, anneal_steps: int
     ``lr * (1 - (count // gradient_steps_per_update) / anneal_steps)``: constant within an update,
     reaching 0 after the last one (PureJaxRL's schedule). The position lives in the optimizer
     state's step count, so it survives checkpoints.
+
+    Args:
+        learning_rate: Adam step size (initial value when annealed).
+        max_grad_norm: global-norm clipping threshold.
+        anneal_steps: PPO updates over which the rate goes to 0, or None for a constant rate.
+        gradient_steps_per_update: optimizer steps per PPO update
+            (``update_epochs * num_minibatches``).
+
+    Returns:
+        The ``optax`` transformation (``clip_by_global_norm`` then ``adam``).
     """
     if anneal_steps is None:
         lr: Any = learning_rate
@@ -260,14 +278,17 @@ def ppo_update(
         batch: :class:`PPOBatch` with leading axis ``B``, divisible by ``num_minibatches``.
         apply_fn: ``apply_fn(params, obs) -> (actor_out, value)``.
         tx: the optax optimizer (see :func:`make_optimizer`).
+        update_epochs: passes over the batch, each with a fresh permutation (static int).
+        num_minibatches: minibatches per pass, ``B // num_minibatches`` transitions each (static int).
         loss_kwargs: keyword arguments of :func:`ppo_loss` besides params/apply_fn/batch.
         axis_name: when set (data-parallel learners, each holding an equal shard of the batch and
             permuting it locally), advantage statistics are global, gradients and metrics are
             averaged over this mapped axis, so every replica applies the same update.
 
     Returns:
-        ``(params, opt_state, metrics)``: metrics are scalars averaged over all gradient steps,
-        plus ``grad_norm`` (global norm before clipping).
+        ``(params, opt_state, metrics)``: metrics are float32 scalars averaged over all
+        ``update_epochs * num_minibatches`` gradient steps, plus ``grad_norm`` (global norm
+        before clipping).
     """
     b = batch.advantages.shape[0]
     grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, axis_name=axis_name, **loss_kwargs),

@@ -121,7 +121,12 @@ class EnvSpec:
     @property
     def max_episode_steps(self) -> int:
         """Time limit of one episode in env steps (gymnax ``max_steps_in_episode``; host backends:
-        the registered limit)."""
+        the registered limit).
+
+        Raises:
+            ValueError: the env has no such limit (no ``max_steps_in_episode`` in its params, or no
+                registered limit on a host backend).
+        """
         limit = self.episode_limit if self.on_host else getattr(self.env_params, "max_steps_in_episode", None)
         if limit is None:
             raise ValueError(f"env {self.name}: its params have no max_steps_in_episode, which "

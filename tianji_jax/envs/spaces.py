@@ -18,6 +18,7 @@ class Discrete:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``()``: one env's action is a scalar."""
         return ()
 
     def __repr__(self) -> str:

@@ -71,6 +71,9 @@ class PPOAnakin(PPOParts):
             (int32) over the episodes that ended during each update's rollout, ``policy_lag_mean``
             / ``policy_lag_max`` (always 0 here), and the loss metrics of
             :func:`~tianji_jax.algos.ppo.ppo_loss` plus ``grad_norm``.
+
+    Raises:
+        ValueError: ``updates_per_chunk`` is not an int ``>= 1``.
     """
 
     def __init__(self, config: PPOConfig, updates_per_chunk: int):

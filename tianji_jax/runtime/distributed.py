@@ -84,12 +84,14 @@ def is_initialized() -> bool:
 
 
 def process_count() -> int:
+    """Number of processes in the job (``jax.process_count()``; 1 without ``jax.distributed``)."""
     import jax
 
     return jax.process_count()
 
 
 def process_index() -> int:
+    """This process's index in ``[0, process_count())`` (``jax.process_index()``)."""
     import jax
 
     return jax.process_index()
@@ -99,12 +101,23 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbe
                initialization_timeout_s: int = 300, local_device_ids: Sequence[int] | None = None) -> None:
     """Join the job: ``jax.distributed.initialize`` with the CPU collectives set to gloo (the CPU
     backend has no cross-process collectives otherwise). Must run before JAX's backend starts
-    (before any array is created, a config resolving a gymnax env included).
+    (before any array is created, a config resolving a gymnax env included). A second call with
+    the same ``(num_processes, process_id)`` does nothing.
+
+    Args:
+        coordinator: ``"HOST:PORT"`` of process 0's coordination service.
+        num_processes: processes in the job, ``>= 1``.
+        process_id: this process's index in ``[0, num_processes)``.
+        heartbeat_timeout_s: seconds without a peer's heartbeat before jax declares it dead.
+        initialization_timeout_s: seconds to wait for every process to join.
+        local_device_ids: this process's devices (default: all local devices).
 
     Raises:
-        ValueError: bad arguments.
-        RuntimeError: JAX's backend has already started, or the coordinator is unreachable within
-            ``initialization_timeout_s``.
+        ValueError: ``coordinator`` not ``HOST:PORT`` (see :func:`check_coordinator`),
+            ``num_processes`` not an int ``>= 1`` or ``process_id`` not an int in
+            ``[0, num_processes)``.
+        RuntimeError: JAX's backend has already started, ``jax.distributed`` is already initialised
+            as another process, or the coordinator is unreachable within ``initialization_timeout_s``.
     """
     import jax
     from jax._src import xla_bridge
@@ -248,7 +261,12 @@ def make_counter_sum(mesh: Any, local_devices: list) -> Any:
 class Watchdog:
     """Ends the process (status :data:`EXIT_PEER_DEAD`) when a collective section stays open
     longer than ``timeout_s`` (a peer alive but stuck; a dead peer is caught by jax's heartbeats).
-    ``with watchdog.section("update 3"): ...`` around each collective call."""
+    ``with watchdog.section("update 3"): ...`` around each collective call. A daemon thread checks
+    every 0.5 s.
+
+    Args:
+        timeout_s: seconds a section may stay open (plus its ``extra_s``).
+    """
 
     def __init__(self, timeout_s: float):
         self.timeout_s = float(timeout_s)
@@ -283,6 +301,7 @@ class Watchdog:
         return _Section()
 
     def close(self) -> None:
+        """Stop the checking thread (it exits within 0.5 s; idempotent)."""
         self._stop.set()
 
 
@@ -328,7 +347,13 @@ def supervise(argv: list[str], *, num_processes: int, process_id: int, heartbeat
     """Run ``tianji train argv`` in a child process and forward its output. When the child reports
     that the distributed job lost a process, print ``tianji[pI]: process J died ...`` before the
     report and return :data:`EXIT_PEER_DEAD`; otherwise return the child's exit status. The child
-    dies with the supervisor (``PR_SET_PDEATHSIG``); SIGINT/SIGTERM are forwarded."""
+    dies with the supervisor (``PR_SET_PDEATHSIG``); SIGINT/SIGTERM are forwarded.
+
+    Args:
+        argv: the ``tianji train`` arguments for the child.
+        num_processes, process_id: the job's size and this process's index (for the report).
+        heartbeat_timeout_s: jax's heartbeat timeout in seconds (only quoted in the report).
+    """
     os.environ["TIANJI_PROCESS_ID"] = str(process_id)
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
     code = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -189,6 +189,9 @@ class DQNParts:
         use only the network and learner halves), network (:class:`QNetwork`), tx
         (optax), num_actions ``A``, history_len ``H = n_step - 1``, example_item (one replay item:
         a :class:`~tianji_jax.algos.dqn.Transition` of ``jax.ShapeDtypeStruct``).
+
+    Raises:
+        TypeError: ``config`` is not a :class:`~tianji_jax.config.DQNConfig`.
     """
 
     def __init__(self, config: DQNConfig):
@@ -372,7 +375,13 @@ class DQNParts:
 
     def insert(self, replay_state: replay.ReplayState, items: dqn.Transition, item_version: jax.Array,
                mask: jax.Array) -> replay.ReplayState:
-        """Add a rollout's transitions to replay (:func:`tianji_jax.replay.add`), stamped per item."""
+        """Add a rollout's transitions to replay (:func:`tianji_jax.replay.add`), stamped per item.
+
+        ``items`` / ``item_version`` / ``mask`` as :meth:`rollout` returns them: leaves
+        ``(T * N, ...)``, ``(T * N,)`` int32 and ``(T * N,)`` bool (False rows are skipped).
+        Returns the new :class:`~tianji_jax.replay.ReplayState`; raises ValueError as
+        :func:`tianji_jax.replay.add` (shapes or dtype kinds that do not match the buffer).
+        """
         return replay.add(replay_state, items, item_version, mask)
 
     def insert_frames(self, replay_state: Any, chunk: dict, env_offset: jax.Array, gap: jax.Array) -> Any:

@@ -25,7 +25,8 @@ __all__ = ["HostActor", "host_env_seed", "make_host_evaluate"]
 
 def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
     """envpool/gymnasium base seed of actor ``actor_id``: disjoint per-env seeds across actors of
-    one run (env ``i`` of the actor gets ``base + i``), kept in [0, 2**31)."""
+    one run (env ``i`` of the actor gets ``base + i``), kept in [0, 2**31): ``(seed + actor_id *
+    num_envs) mod 2**31`` with ``num_envs`` the envs per actor."""
     return (int(seed) + actor_id * num_envs) % 2**31
 
 

@@ -47,7 +47,8 @@ class ParamStore:
             return self._params, self._version
 
     def wait_for(self, min_version: int, timeout_s: float, stop: threading.Event) -> tuple[Any, int] | None:
-        """Wait until ``version >= min_version``; ``None`` on timeout or when ``stop`` is set.
+        """Wait until ``version >= min_version`` and return ``(params, version)``; ``None`` after
+        ``timeout_s`` seconds or when ``stop`` is set.
 
         Waits in slices of at most 0.1 s so a set stop event is seen promptly.
         """

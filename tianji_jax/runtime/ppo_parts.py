@@ -140,7 +140,21 @@ class PPOParts:
         return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
 
     def rollout(self, params: Any, version: jax.Array, actor: ActorState) -> tuple[ActorState, dict]:
-        """``T = num_steps`` steps of the actor's ``N`` envs with ``params`` (stamped ``version``)."""
+        """``T = num_steps`` steps of the actor's ``N`` envs with ``params`` (stamped ``version``).
+
+        Args:
+            params: ActorCritic params to act with.
+            version: int32 scalar, the version of ``params``.
+            actor: the actor's state (gymnax envs; host actors use :meth:`act` instead).
+
+        Returns:
+            ``(actor, traj)``: the new :class:`ActorState` (observation / reward statistics updated
+            when enabled) and the trajectory of the class docstring, leaves ``(T, N, ...)``:
+            ``action`` int32 ``(T, N)`` or float32 ``(T, N, A)``; ``log_prob``, ``value``,
+            ``reward``, ``episode_return`` float32, ``episode_length`` / ``policy_version`` int32,
+            ``terminated`` / ``truncated`` / ``done`` bool, all ``(T, N)``; ``obs`` / ``final_obs``
+            ``(T, N, *obs_shape)`` (float32 when normalised); ``last_obs`` ``(N, *obs_shape)``.
+        """
         cfg = self.config
 
         def step(carry, _):
@@ -190,6 +204,18 @@ class PPOParts:
         with the importance ratios of the learner's current policy over the behaviour policy.
         Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
         ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
+
+        Args:
+            learner: the learner's state.
+            traj: a :meth:`rollout` trajectory, leaves ``(T, N, ...)`` plus ``last_obs``
+                ``(N, *obs_shape)`` (this replica's ``N`` columns with ``axis_name``).
+            axis_name: the mapped axis of data-parallel learners, or None.
+
+        Returns:
+            ``(learner, metrics)``: the new :class:`LearnerState` (version + 1) and a dict of
+            scalars: ``episode_return_sum``, ``episode_length_sum``, ``policy_lag_mean`` (float32),
+            ``episode_count``, ``policy_lag_max`` (int32), the :func:`~tianji_jax.algos.ppo.ppo_loss`
+            metrics and ``grad_norm``.
         """
         cfg = self.config
         t, n = traj["reward"].shape

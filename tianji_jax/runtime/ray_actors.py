@@ -300,6 +300,8 @@ class RayActorClient:
 
     @property
     def env_steps_discarded(self) -> int:
+        """Env steps the actor's chunker dropped, over all its incarnations (the earlier
+        processes' final counts plus the current process's latest report)."""
         return self._discarded_before + self._discarded_now
 
     def __call__(self, params: Any, version: int) -> tuple[dict, int] | None:
