@@ -121,7 +121,7 @@ def make_policy_evaluate(spec: EnvSpec, act_fn: Callable, num_episodes: int, cac
 
         def cond(carry):
             *_, finished, _, _, t = carry
-            return (~jnp.all(finished)) & (t <= max_steps)
+            return (~jnp.all(finished)) & (t < max_steps)  # at most max_steps_in_episode steps
 
         def body(carry):
             env_state, obs, key, finished, returns, lengths, t = carry
