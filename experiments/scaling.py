@@ -1,4 +1,5 @@
-"""Async PPO with remote actor processes (Ray) and data-parallel learner devices, against one process.
+"""Async PPO with remote actor processes (Ray), data-parallel learner devices and learner processes
+(jax.distributed), against one process.
 
 envpool CartPole-v1, PPO defaults (8 envs x 128 steps per actor rollout, 10 epochs x 4 minibatches),
 schedule ``relaxed`` (K = 2), evaluation off. Points:
@@ -6,7 +7,11 @@ schedule ``relaxed`` (K = 2), evaluation off. Points:
 * ``threads`` A=1 L=1: the single-process run (one actor thread, one learner device): the baseline;
 * ``ray`` A in (1, 2, 4), L in (1, 2): A remote actor processes on a private local Ray instance
   (each its own 8 envs and CPU policy copy; ``actor_backend='ray'``) feeding one learner process
-  whose learner runs data-parallel over L simulated CPU devices (``jax_num_cpu_devices``).
+  whose learner runs data-parallel over L simulated CPU devices (``jax_num_cpu_devices``);
+* ``distributed`` P = 2: two learner processes (multi-host ``jax.distributed`` on 127.0.0.1, each
+  ``tianji train --num-processes 2`` with one actor thread and one learner device; gradients
+  averaged over both, the global batch twice the single run's, so half the updates for the same
+  env steps). Its rates and threshold come from process 0's ``metrics.csv`` (global counters).
 
 Per run: steady production SPS and consumed env SPS (every metrics row but the first, which holds
 start-up and compilation; :func:`_common.steady_async`); time to threshold = wall seconds from the
@@ -18,13 +23,13 @@ rollout time — task dispatch, params from the object store, the chunk back thr
 chunk onto the learner device). Every figure is also given as a ratio against the baseline of the
 same repeat; repeats are interleaved; median over repeats.
 
-Learner *processes* (multi-host ``jax.distributed``, runtime/distributed.py) are not in this grid:
-Ray actors feed one learner process; L counts data-parallel learner devices inside it.
+Ray actors feed one learner process (Ray actors with several learner processes are not supported);
+L counts data-parallel learner devices inside it.
 
 Writes ``experiments/results/scaling/{results.csv, summary.md, scaling.png, machine.json}``.
 
-    python experiments/scaling.py            # full: A in 1,2,4; L in 1,2; 300k env steps; 3 repeats
-    python experiments/scaling.py --quick    # threads 1x1, ray (1,1), (2,1), (1,2); 20k env steps; 1 repeat
+    python experiments/scaling.py            # full: A in 1,2,4; L in 1,2; P = 2; 300k env steps; 3 repeats
+    python experiments/scaling.py --quick    # threads 1x1, ray (1,1), (2,1), (1,2), P = 2; 20k env steps; 1 repeat
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,28 +60,72 @@ THRESHOLD = 475.0
 
 
 def run(base: tj.PPOConfig, backend: str, actors: int, learners: int, seed: int) -> dict:
-    """One training run; its steady rates, time/steps to threshold and per-chunk transfer cost."""
+    """One training run in this process; see :func:`summarize`."""
     cfg = base.replace(actor_backend=backend, num_actors=actors, num_learner_devices=learners, seed=seed)
     with C.Timer() as t:
         res = tj.train(cfg, progress=False)
-    c = res.curve
+    return summarize(res.curve, cfg, t.s, processes=1)
+
+
+CLI = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_distributed(base: tj.PPOConfig, num_processes: int, seed: int, timeout_s: float = 900.0) -> dict:
+    """One multi-host run: ``num_processes`` ``tianji train`` processes on 127.0.0.1 (one actor
+    thread and one learner device each), measured from process 0's ``metrics.csv``; every child is
+    killed by its pid at the end."""
+    import pandas as pd
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    flags = ["--env", base.env, "--runtime", "async", "--eval-episodes", "0", "--total-env-steps",
+             str(base.total_env_steps), "--eval-every-env-steps", str(base.eval_every_env_steps), "--seed", str(seed),
+             "--progress", "False", "--tensorboard", "False", "--num-processes", str(num_processes),
+             "--coordinator", f"127.0.0.1:{port}"]
+    with tempfile.TemporaryDirectory() as tmp, C.Timer() as t:
+        logs = [open(Path(tmp) / f"p{i}.log", "w+") for i in range(num_processes)]
+        procs = [subprocess.Popen([sys.executable, "-c", CLI, "train", *flags, "--process-id", str(i),
+                                   "--run-dir", str(Path(tmp) / "run")], stdout=logs[i], stderr=subprocess.STDOUT)
+                 for i in range(num_processes)]
+        try:
+            rcs = [p.wait(timeout_s) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+        if rcs != [0] * num_processes:
+            logs[0].seek(0)
+            raise RuntimeError(f"learner processes exited with {rcs}; process 0's log:\n{logs[0].read()[-3000:]}")
+        df = pd.read_csv(Path(tmp) / "run" / "metrics.csv")
+        curve = {k: df[k].to_numpy(float) for k in df.columns}
+        for f in logs:
+            f.close()
+    cfg = base.replace(num_processes=num_processes, coordinator=f"127.0.0.1:{port}", seed=seed)
+    return summarize(curve, cfg, t.s, processes=num_processes)
+
+
+def summarize(c: dict, cfg: tj.PPOConfig, wall_s: float, processes: int) -> dict:
+    """A run's steady rates, time/steps to threshold and per-chunk transfer cost from its curve
+    (with several learner processes the counters are global and the timers per-process means)."""
     out = C.steady_async(c, cfg.update_epochs)
     dt = np.diff(c["wall_time_s"])
-    chunks = float(np.sum(c["production_sps"][1:] * dt)) / cfg.batch_size
+    chunks = float(np.sum(c["production_sps"][1:] * dt)) / cfg.batch_size / processes  # per process
     out["transfer_ms_per_chunk"] = 1e3 * float(np.nansum(c["h2d_s"][1:])) / chunks if chunks > 0 else math.nan
     hit = np.nonzero(c["episode_return_mean"] >= THRESHOLD)[0]
     out["time_to_threshold_s"] = float(c["wall_time_s"][hit[0]]) if len(hit) else math.nan
     out["steps_to_threshold"] = float(c["env_steps"][hit[0]]) if len(hit) else math.nan
     out["first_row_s"] = float(c["wall_time_s"][0])
-    out["wall_s_total"] = t.s
+    out["wall_s_total"] = wall_s
     out["lost_chunks"] = float(c["lost_chunks"][-1])
     out["final_train_return"] = float(c["episode_return_mean"][np.isfinite(c["episode_return_mean"])][-1])
     return out
 
 
-def processes(backend: str, actors: int) -> int:
-    """Busy processes: the learner process plus one per remote actor (threads: one in all)."""
-    return 1 + (actors if backend == "ray" else 0)
+def processes(backend: str, actors: int, learner_processes: int) -> int:
+    """Busy processes: the learner processes plus one per remote actor (threads: one in all)."""
+    return learner_processes + (actors if backend == "ray" else 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,33 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     load_start = C.loadavg()
     if args.quick:
         args.repeats = 1
-        grid = [("threads", 1, 1), ("ray", 1, 1), ("ray", 2, 1), ("ray", 1, 2)]
+        grid = [("threads", 1, 1, 1), ("ray", 1, 1, 1), ("ray", 2, 1, 1), ("ray", 1, 2, 1), ("distributed", 1, 1, 2)]
         budget = 20_480
     else:
-        grid = [("threads", 1, 1)] + [("ray", a, l) for l in (1, 2) for a in (1, 2, 4)]
+        grid = ([("threads", 1, 1, 1)] + [("ray", a, l, 1) for l in (1, 2) for a in (1, 2, 4)]
+                + [("distributed", 1, 1, 2)])
         budget = 307_200
     base = tj.PPOConfig(env="envpool:CartPole-v1", runtime="async", eval_episodes=0, total_env_steps=budget,
                         eval_every_env_steps=4096 if args.quick else 16_384)
     args.out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     # one private local instance for every run, a CPU slot per actor even past the cores (oversubscribed)
-    ray_ctx = RayContext(None, num_cpus=max(cores, max(a for _, a, _ in grid)))
+    ray_ctx = RayContext(None, num_cpus=max(cores, max(a for _, a, _, _ in grid)))
     rows = []
     try:
         for rep in range(args.repeats):
             baseline = None
-            for backend, a, l in grid:
-                r = run(base, backend, a, l, seed=rep)
+            for backend, a, l, p in grid:
+                r = run_distributed(base, p, seed=rep) if backend == "distributed" else run(base, backend, a, l, seed=rep)
                 if backend == "threads":
                     baseline = r
-                procs = processes(backend, a)
+                procs = processes(backend, a, p)
+                busy = (1 + a) * p  # per learner process: its learner and its actor threads (or Ray actors)
                 row = {"repeat": rep, "actor_backend": backend, "actor_processes": a if backend == "ray" else 0,
-                       "actor_threads": a if backend == "threads" else 0, "learner_devices": l,
-                       "processes": procs, "busy_workers": 1 + a, "oversubscribed": int(1 + a > cores), **r}
+                       "actor_threads": 0 if backend == "ray" else a * p, "learner_devices": l, "learner_processes": p,
+                       "processes": procs, "busy_workers": busy, "oversubscribed": int(busy > cores), **r}
                 for k in ("production_sps", "consumed_env_sps", "time_to_threshold_s", "transfer_ms_per_chunk"):
                     row[f"{k}_over_single"] = r[k] / baseline[k] if baseline and baseline[k] else math.nan
                 rows.append(row)
-                print(f"[rep {rep}] {backend} A={a} L={l}: production {r['production_sps']:,.0f} SPS "
+                print(f"[rep {rep}] {backend} A={a} L={l} P={p}: production {r['production_sps']:,.0f} SPS "
                       f"({row['production_sps_over_single']:.2f} x single), consumed {r['consumed_env_sps']:,.0f} "
                       f"env SPS, transfer {r['transfer_ms_per_chunk']:.2f} ms/chunk, threshold at "
                       f"{r['time_to_threshold_s']:.0f} s", flush=True)
@@ -135,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def make_summary(args, base, grid, rows, cores, wall_s, load_start) -> str:
-    lines = [f"# Remote actor processes (Ray) and learner devices vs one process {'(--quick)' if args.quick else ''}",
+    lines = [f"# Remote actor processes (Ray), learner devices and learner processes vs one process "
+             f"{'(--quick)' if args.quick else ''}",
              "", f"Command: `{C.command()}`", "", C.SHARED_NOTE, "",
              f"{args.repeats} repeat(s), interleaved; median [min..max] over repeats. Total wall {wall_s:.0f} s; "
              f"load average at start {load_start}.", "",
@@ -145,25 +200,30 @@ def make_summary(args, base, grid, rows, cores, wall_s, load_start) -> str:
              "Steady state = every metrics row but the first (start-up and compilation).", "",
              "Columns: *single* = the one-process run (actor thread + learner, `actor_backend='threads'`); "
              "*ray A* = A remote actor processes on a private local Ray instance; *L* = data-parallel learner "
-             "devices in the learner process; *production* = env steps inserted per second; *consumed* = env "
+             "devices in the learner process; *distributed P* = P learner processes on jax.distributed (one actor "
+             "thread and one learner device each, gradients averaged over all, global batch P x the single "
+             "run's; counters from process 0's metrics.csv are global, timers per-process means); "
+             "*production* = env steps inserted per second; *consumed* = env "
              "steps the learner consumed per second (no epoch reuse); *threshold* = wall seconds from the start "
              f"of `tj.train` (start-up included) until training `episode_return_mean` >= {THRESHOLD:g} "
              "(empty: not reached within the run); *transfer* = ms per chunk of the runtime's `h2d_s` (Ray: "
              "round trip beyond the actor's rollout + onto the learner device; threads: device transfers); "
              "*x single* = ratio against the single-process run of the same repeat.", "",
-             f"Oversubscription: this machine has {cores} core(s). Busy workers = the learner + one per actor "
-             "(thread or process); envpool's worker threads and the Ray daemons (GCS, raylet) come on top. "
-             "**OVERSUB** marks busy workers > cores (on 2 cores: A >= 2), where more actor processes share "
-             "the same cores instead of adding compute.", "",
-             "| backend | actors | learner devices | production SPS | x single | consumed env SPS | x single | "
-             "transfer ms/chunk | x single | threshold s | x single | steps to threshold | start-up s | lost chunks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for backend, a, l in grid:
+             f"Oversubscription: this machine has {cores} core(s). Busy workers = per learner process, the learner + "
+             "one per actor (thread or process); envpool's worker threads and the Ray daemons (GCS, raylet) come on "
+             "top. **OVERSUB** marks busy workers > cores (on 2 cores: A >= 2, or 2 learner processes), where more "
+             "processes share the same cores instead of adding compute.", "",
+             "| backend | actors | learner devices | learner processes | production SPS | x single | consumed env SPS | "
+             "x single | transfer ms/chunk | x single | threshold s | x single | steps to threshold | start-up s | "
+             "lost chunks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for backend, a, l, p in grid:
         rs = [r for r in rows if r["actor_backend"] == backend and r["learner_devices"] == l
-              and (r["actor_processes"] or r["actor_threads"]) == a]
+              and r["learner_processes"] == p and (r["actor_processes"] or r["actor_threads"] // p) == a]
         over = " **OVERSUB**" if rs[0]["oversubscribed"] else ""
         lines.append(
-            f"| {backend}{over} | {a} | {l} | {C.median_range(r['production_sps'] for r in rs)} | "
+            f"| {backend}{over} | {a * p if backend == 'distributed' else a} | {l} | {p} | "
+            f"{C.median_range(r['production_sps'] for r in rs)} | "
             f"{C.median_range((r['production_sps_over_single'] for r in rs), '{:.2f}')} | "
             f"{C.median_range(r['consumed_env_sps'] for r in rs)} | "
             f"{C.median_range((r['consumed_env_sps_over_single'] for r in rs), '{:.2f}')} | "
@@ -197,6 +257,9 @@ def plot(rows, path: Path) -> None:
         single = C.median([r[key] for r in rows if r["actor_backend"] == "threads"])
         if np.isfinite(single):
             ax.axhline(single, color="gray", ls="--", label="single process")
+        multi = C.median([r[key] for r in rows if r["actor_backend"] == "distributed"])
+        if np.isfinite(multi):
+            ax.axhline(multi, color="C3", ls=":", label="2 learner processes (jax.distributed)")
         ax.set_xlabel("remote actor processes")
         ax.set_title(title, fontsize=10)
         ax.set_xticks([1, 2, 4])

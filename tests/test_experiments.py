@@ -119,9 +119,12 @@ def test_scaling_quick(tmp_path):
     assert "x single" in summary and "OVERSUB" in summary
     assert (tmp_path / "scaling.png").stat().st_size > 0
     df = pd.read_csv(tmp_path / "results.csv")
-    points = {(b, a, l) for b, a, l in zip(df["actor_backend"], df["actor_processes"] + df["actor_threads"],
-                                           df["learner_devices"])}
-    assert points == {("threads", 1, 1), ("ray", 1, 1), ("ray", 2, 1), ("ray", 1, 2)}
+    points = {(b, a, l, p) for b, a, l, p in zip(df["actor_backend"], df["actor_processes"] + df["actor_threads"],
+                                                 df["learner_devices"], df["learner_processes"])}
+    assert points == {("threads", 1, 1, 1), ("ray", 1, 1, 1), ("ray", 2, 1, 1), ("ray", 1, 2, 1),
+                      ("distributed", 2, 1, 2)}
+    multi = df[df["actor_backend"] == "distributed"].iloc[0]
+    assert multi["oversubscribed"] == 1 and multi["busy_workers"] == 4  # 2 x (learner + actor) on 2 cores
     assert (df[["production_sps", "consumed_env_sps", "transfer_ms_per_chunk"]] > 0).all().all()
     single = df[df["actor_backend"] == "threads"].iloc[0]
     assert single["production_sps_over_single"] == 1.0
