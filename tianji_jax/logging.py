@@ -196,7 +196,9 @@ class ProgressDisplay:
             TextColumn("[bold]{task.description}"), BarColumn(),
             TextColumn("{task.completed:,}/{task.total:,} env steps"),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-            console=Console(file=sys.stderr), transient=False)
+            # not a terminal (a log file, a notebook's stderr): rich would assume 80 columns and cut
+            # the SPS/return/lag field; give it room instead
+            console=Console(file=sys.stderr, width=None if sys.stderr.isatty() else 160), transient=False)
         self._task = self._progress.add_task(description, total=total_env_steps, info="")
         self._progress.start()
 

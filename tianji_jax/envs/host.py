@@ -66,15 +66,17 @@ steps (agent steps, each ``frame_skip`` frames), so the reset steps after lost l
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from tianji_jax.envs.spaces import Box, Discrete
 
-__all__ = ["HostStep", "EnvpoolVecEnv", "GymnasiumVecEnv", "envpool_ids", "gymnasium_ids",
+__all__ = ["HostStep", "EnvpoolVecEnv", "quiet_envpool_spaces", "GymnasiumVecEnv", "envpool_ids", "gymnasium_ids",
            "from_gymnasium_space"]
 
 
@@ -121,6 +123,16 @@ class HostStep:
     def __len__(self) -> int:
         """Number of rows ``B``."""
         return int(self.env_id.shape[0])
+
+
+@contextlib.contextmanager
+def quiet_envpool_spaces() -> Iterator[None]:
+    """Silence gymnasium's "Box ... precision lowered by casting to float32" warnings while
+    envpool builds its spaces: envpool declares float32 Boxes with float64 bounds (not
+    actionable for the user; the bounds are cast exactly as gymnasium says)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32", category=UserWarning)
+        yield
 
 
 def from_gymnasium_space(space: Any) -> Discrete | Box:
@@ -373,14 +385,16 @@ class EnvpoolVecEnv(_HostVecEnv):
             raise ValueError(f"max_num_players={envpool_kwargs['max_num_players']!r}: only "
                              "single-player envs are supported (allowed: 1)")
         self.env_id = env_id
-        self._env = envpool.make(env_id, env_type="gymnasium", num_envs=self.num_envs,
-                                 batch_size=self.batch_size, seed=int(seed), **envpool_kwargs)
+        with quiet_envpool_spaces():
+            self._env = envpool.make(env_id, env_type="gymnasium", num_envs=self.num_envs,
+                                     batch_size=self.batch_size, seed=int(seed), **envpool_kwargs)
         players = int(self._env.spec.config.max_num_players)
         if players != 1:
             self._env.close()
             raise ValueError(f"env_id={env_id!r}: multi-player envs are not supported "
                              f"(max_num_players={players}, allowed: 1)")
-        self._init_spaces(self._env.observation_space, self._env.action_space, env_id)
+        with quiet_envpool_spaces():
+            self._init_spaces(self._env.observation_space, self._env.action_space, env_id)
         self._tracker = _EpisodeTracker(self.num_envs)
         self._awaiting: np.ndarray | None = None  # env ids that need an action next
         self._closed = False

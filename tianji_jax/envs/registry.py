@@ -207,7 +207,8 @@ def _resolve_host(env: str, backend: str, env_id: str) -> EnvSpec:
         import envpool
 
         espec = envpool.make_spec(env_id)
-        obs, act = espec.gymnasium_observation_space, espec.gymnasium_action_space
+        with host.quiet_envpool_spaces():
+            obs, act = espec.gymnasium_observation_space, espec.gymnasium_action_space
         limit = getattr(espec.config, "max_episode_steps", None)
     else:
         import gymnasium
