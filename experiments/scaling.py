@@ -214,9 +214,9 @@ def make_summary(args, base, grid, rows, cores, wall_s, load_start) -> str:
              "top. **OVERSUB** marks busy workers > cores (on 2 cores: A >= 2, or 2 learner processes), where more "
              "processes share the same cores instead of adding compute.", "",
              "| backend | actors | learner devices | learner processes | production SPS | x single | consumed env SPS | "
-             "x single | transfer ms/chunk | x single | threshold s | x single | steps to threshold | start-up s | "
-             "lost chunks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "x single | transfer ms/chunk | x single | threshold s | x single | reached | steps to threshold | "
+             "start-up s | lost chunks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for backend, a, l, p in grid:
         rs = [r for r in rows if r["actor_backend"] == backend and r["learner_devices"] == l
               and r["learner_processes"] == p and (r["actor_processes"] or r["actor_threads"] // p) == a]
@@ -231,6 +231,7 @@ def make_summary(args, base, grid, rows, cores, wall_s, load_start) -> str:
             f"{C.median_range((r['transfer_ms_per_chunk_over_single'] for r in rs), '{:.1f}')} | "
             f"{C.median_range((r['time_to_threshold_s'] for r in rs), '{:.0f}')} | "
             f"{C.median_range((r['time_to_threshold_s_over_single'] for r in rs), '{:.2f}')} | "
+            f"{sum(np.isfinite(r['time_to_threshold_s']) for r in rs)}/{len(rs)} | "
             f"{C.median_range(r['steps_to_threshold'] for r in rs)} | "
             f"{C.median_range((r['first_row_s'] for r in rs), '{:.0f}')} | "
             f"{C.median_range(r['lost_chunks'] for r in rs)} |")
