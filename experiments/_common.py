@@ -115,6 +115,23 @@ def steady_async(curve: dict[str, np.ndarray], update_epochs: int) -> dict[str, 
     }
 
 
+def eval_threshold_stats(curve: dict[str, np.ndarray], update_epochs: int, threshold: float) -> dict[str, float]:
+    """An async run judged on its evaluations: env steps and wall seconds (from the start of
+    ``tj.train``) of the first row whose ``eval_return_mean`` >= ``threshold`` (NaN: never), the
+    final and best eval return, the env steps and wall seconds of the run, and
+    :func:`steady_async`'s rates."""
+    hit = np.nonzero(curve["eval_return_mean"] >= threshold)[0]
+    return {
+        "steps_to_threshold": float(curve["env_steps"][hit[0]]) if len(hit) else math.nan,
+        "wall_s_to_threshold": float(curve["wall_time_s"][hit[0]]) if len(hit) else math.nan,
+        "final_eval_return": float(curve["eval_return_mean"][-1]),
+        "best_eval_return": float(np.nanmax(curve["eval_return_mean"])),
+        "env_steps": float(curve["env_steps"][-1]),
+        "wall_s_total": float(curve["wall_time_s"][-1]),
+        **steady_async(curve, update_epochs),
+    }
+
+
 def steady_anakin(curve: dict[str, np.ndarray]) -> float:
     """Env steps per second over the rows after the first (which includes compilation)."""
     wall, steps = curve["wall_time_s"], curve["env_steps"]

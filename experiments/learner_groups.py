@@ -25,7 +25,6 @@ learner_groups.png, machine.json}``.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -48,23 +47,10 @@ def variants(quick: bool) -> list[tuple[str, int, int]]:
     return [("1 learner", 1, 1)] + [(f"G=2 S={s}", 2, s) for s in syncs]
 
 
-def first_hit(curve, key: str, threshold: float) -> float:
-    hit = np.nonzero(curve["eval_return_mean"] >= threshold)[0]
-    return float(curve[key][hit[0]]) if len(hit) else math.nan
-
-
 def run_one(base: tj.PPOConfig, groups: int, sync_every: int, seed: int, threshold: float):
     cfg = base.replace(num_learner_groups=groups, sync_every=sync_every, seed=seed)
     c = tj.train(cfg, progress=False).curve
-    return {
-        "steps_to_threshold": first_hit(c, "env_steps", threshold),
-        "wall_s_to_threshold": first_hit(c, "wall_time_s", threshold),
-        "final_eval_return": float(c["eval_return_mean"][-1]),
-        "best_eval_return": float(np.nanmax(c["eval_return_mean"])),
-        "env_steps": float(c["env_steps"][-1]),
-        "wall_s_total": float(c["wall_time_s"][-1]),
-        **C.steady_async(c, cfg.update_epochs),
-    }, c
+    return C.eval_threshold_stats(c, cfg.update_epochs, threshold), c
 
 
 def main(argv: list[str] | None = None) -> int:

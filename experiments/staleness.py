@@ -23,7 +23,6 @@ Writes ``experiments/results/staleness/{results.csv, curves.csv, summary.md, sta
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -52,25 +51,11 @@ def variants(lags, bands):
     return out
 
 
-def first_hit(curve, key, threshold):
-    hit = np.nonzero(curve["eval_return_mean"] >= threshold)[0]
-    return float(curve[key][hit[0]]) if len(hit) else math.nan
-
-
 def run_one(base: tj.PPOConfig, k: int, qb: int, schedule: str, seed: int, threshold: float):
     cfg = base.replace(schedule=schedule, max_policy_lag=None if schedule == "sync" else k, queue_batches=qb,
                        seed=seed)
-    res = tj.train(cfg, progress=False)
-    c = res.curve
-    st = C.steady_async(c, cfg.update_epochs)
-    return {
-        "steps_to_threshold": first_hit(c, "env_steps", threshold),
-        "wall_s_to_threshold": first_hit(c, "wall_time_s", threshold),
-        "final_eval_return": float(c["eval_return_mean"][-1]),
-        "best_eval_return": float(np.nanmax(c["eval_return_mean"])),
-        "wall_s_total": float(c["wall_time_s"][-1]),
-        **st,
-    }, c
+    c = tj.train(cfg, progress=False).curve
+    return C.eval_threshold_stats(c, cfg.update_epochs, threshold), c
 
 
 def main(argv: list[str] | None = None) -> int:
