@@ -233,3 +233,16 @@ def test_cli_rejects_bad_launch_flags(capsys):
     assert "needs --coordinator" in capsys.readouterr().err
     assert main(["train", "--num-processes", "2", "--process-id", "5", "--coordinator", "h:1"]) == 2
     assert "--process-id must be in 0..1" in capsys.readouterr().err
+
+
+def test_a_lone_process_reports_a_bad_flag_before_waiting_for_its_peers(tmp_path):
+    """Every flag is validated before the job is joined: a bad value in one process is reported at
+    once, not after all processes have joined (or never, when the peers never come)."""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", CLI, "train", "--runtime", "async", "--num-actors", "2",
+                           "--num-learner-groups", "2", "--num-processes", "2", "--process-id", "0",
+                           "--coordinator", f"127.0.0.1:{_free_port()}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "num_learner_groups=2 is not supported with num_processes=2" in proc.stderr
+    assert time.monotonic() - t0 < 60

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -179,5 +181,15 @@ def test_relaxed_groups_train_log_and_refuse_resume(tmp_path):
     assert max(lag_max) <= 2
     final = tj.load(run_dir)
     assert np.isfinite(jax.tree.leaves(final.params)[0]).all()
-    with pytest.raises(ValueError, match=r"learner groups \(num_learner_groups > 1\)"):
+    with pytest.raises(ValueError, match=r"cannot be resumed: written by a run with learner groups "
+                                         r"\(num_learner_groups=2\)"):
         tj.train(config, run_dir=run_dir, resume=True, progress=False)
+    # the final params were saved from the groups' devices (cpu:1, cpu:2): a process with one
+    # device loads them onto its own
+    code = ("import jax, numpy as np, tianji_jax as tj; p = tj.load_params(%r); "
+            "assert len(jax.devices()) == 1 and {d for x in jax.tree.leaves(p) for d in x.devices()} == "
+            "{jax.devices()[0]}; print('loaded', sum(x.size for x in jax.tree.leaves(p)))" % str(run_dir))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stderr[-2000:]
+    mine = tj.load_params(run_dir)
+    assert proc.stdout.split()[-1] == str(sum(x.size for x in jax.tree.leaves(mine)))

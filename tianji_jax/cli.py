@@ -128,6 +128,15 @@ def _multi_host(argv: list[str]) -> int | None:
                              "address)")
         dist.check_coordinator(raw["coordinator"])
         if os.environ.get(dist.CHILD_ENV) != "1":
+            # validate every flag here, before the job is joined: a process waiting for its peers
+            # would otherwise report a bad value only once all of them have joined. The supervisor
+            # never computes; any accelerator stays free for the training child.
+            import jax
+
+            jax.config.update("jax_platforms", "cpu")
+            parsed = _parse_train_args(argv)
+            if isinstance(parsed, int):
+                return parsed
             return dist.supervise(argv, num_processes=ints["num-processes"], process_id=ints["process-id"],
                                   heartbeat_timeout_s=ints["heartbeat-timeout-s"])
         dist.initialize(raw["coordinator"], ints["num-processes"], ints["process-id"],
@@ -138,11 +147,9 @@ def _multi_host(argv: list[str]) -> int | None:
     return None
 
 
-def _train(argv: list[str]) -> int:
-    if "--help" not in argv and "-h" not in argv:
-        status = _multi_host(argv)
-        if status is not None:
-            return status
+def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
+    """The parsed ``tianji train`` arguments (the config validated), or the exit status after
+    printing the error (2) or the help (0)."""
     resume_dir = _flag_value(argv, "--resume", None)
     try:
         default = None
@@ -157,13 +164,23 @@ def _train(argv: list[str]) -> int:
             default = args_type(config=stored, algo=algo)
         else:
             args_type = DQNTrainArgs if _algo_of(argv) == "dqn" else TrainArgs
-        args = tyro.cli(args_type, args=argv, prog="tianji train", default=default,
+        return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
     except (ValueError, TypeError, MemoryError, FileNotFoundError) as err:  # one clear line, no traceback
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0) or a flag tyro cannot parse (2)
         return exc.code if isinstance(exc.code, int) else 2
+
+
+def _train(argv: list[str]) -> int:
+    if "--help" not in argv and "-h" not in argv:
+        status = _multi_host(argv)
+        if status is not None:
+            return status
+    args = _parse_train_args(argv)
+    if isinstance(args, int):
+        return args
     from tianji_jax.checkpoint import CheckpointError
     from tianji_jax.training import train
 

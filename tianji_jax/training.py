@@ -298,11 +298,13 @@ class _RunFiles:
             ckpt.check_compatible(meta["config"], self.config_dict, meta.get("packages") if check_versions else None,
                                   self.packages if check_versions else None)
             if not meta.get("resumable", False):
-                raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: written by a multi-host "
-                                 "async run (num_processes > 1), a run with learner groups (num_learner_groups > 1) "
-                                 "or by a tianji_jax that did not checkpoint the "
-                                 "async runtime's actors and counters (they serve tianji_jax.load and tianji eval); "
-                                 "allowed: resume single-process runs written by this version")
+                groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
+                why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
+                       f"written by a multi-host async run (num_processes={procs})" if procs > 1 else
+                       "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
+                raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
+                                 "tianji_jax.load and tianji eval. Allowed: resume single-process runs without "
+                                 "learner groups, written by this version")
             if algo == "dqn" and not meta.get("includes_replay", False):
                 raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
                                  "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
@@ -517,13 +519,16 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
     updates = [runner.start_version]  # all learner groups' updates (= the version without groups)
 
     def on_update(version: int, metrics: Any, item: Any) -> bool:
-        pending.append(metrics)
+        pending.append((runner.group_of(item.actor_id), version, metrics))
         updates[0] += 1
         version = updates[0]
         if version % config.updates_per_chunk and version != config.num_updates:
             return False
-        # learner groups' metrics live on different devices: stack them on the host
-        m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for p in pending])
+        # learner groups' metrics live on different devices: stack them on the host, in (group,
+        # version) order whatever order the groups' updates arrived in (the row's means then sum in
+        # one order)
+        ordered = [host_metrics(p) for _, _, p in sorted(pending, key=lambda e: e[:2])]
+        m = jax.tree.map(lambda *xs: np.stack(xs), *ordered)
         pending.clear()
         snap = runner.snapshot  # counters taken by the learner thread right after this update
         dt = max(snap["time"] - last["time"], 1e-9)
@@ -601,6 +606,15 @@ def load_params(path: str | Path, like: Any = None) -> Any:
 
     Only the network params are saved; observation statistics are not (yet) part of it.
 
+    Args:
+        path: a run directory or its ``final_params/``.
+        like: optional pytree of arrays or ``jax.ShapeDtypeStruct`` giving structure, shapes,
+            dtypes and placement; default: the saved structure on this process's first device
+            (whatever device the run trained on).
+
+    Returns:
+        The params pytree (float32 arrays of the network's shapes).
+
     Raises:
         FileNotFoundError: no saved params at ``path`` (or ``path/final_params``).
     """
@@ -612,7 +626,14 @@ def load_params(path: str | Path, like: Any = None) -> Any:
     if not (path / "_METADATA").exists() and not (path / "_CHECKPOINT_METADATA").exists():
         raise FileNotFoundError(f"no saved params at {path} (expected a run directory or its final_params/)")
     with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(path, like) if like is not None else ckptr.restore(path)
+        if like is None:  # onto this process's default device: the saving run's device (an async learner's
+            # cpu:1, say) need not exist here
+            meta = ckptr.metadata(path)
+            tree = getattr(meta, "item_metadata", meta)
+            tree = getattr(tree, "tree", tree)
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            like = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+        return ckptr.restore(path, like)
 
 
 @dataclass
