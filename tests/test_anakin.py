@@ -99,20 +99,3 @@ def test_continuous_actions_run_and_are_clipped_for_the_env():
     state, metrics = trainer(trainer.init(jax.random.PRNGKey(0)))
     assert np.all(np.isfinite(np.asarray(metrics["policy_loss"])))
     assert float(state.reward_scaler.rms.count) > 1.0
-
-
-def test_the_last_shorter_chunk_is_compiled_ahead_and_gives_the_same_params():
-    """5 updates in chunks of 2: the 1-update tail is compiled in a background thread while the
-    full chunks run (its compilation no longer stalls the end of the run) and the result is the
-    one of calling the chunks by hand."""
-    config = tj.PPOConfig(**{**SMALL, "total_env_steps": 4 * 32 * 5, "seed": 3})
-    tj.clear_caches()
-    result = tj.train(config, progress=False)
-    tail = tj.make_train(config, 1)
-    assert tail.compiled is not None  # kept on the cached trainer: a second run compiles nothing
-    full = tj.make_train(config)
-    state = full.init(jax.random.PRNGKey(3))
-    for _ in range(2):
-        state, _ = full.chunk(state)
-    state, _ = tail.chunk(state)
-    jax.tree.map(np.testing.assert_array_equal, state.params, result.params)

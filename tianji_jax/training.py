@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -446,11 +445,8 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
         else:
             state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
             updates_done = int(state.learner.version)
-            ahead = _compile_ahead(tail_trainer, state) if tail_trainer is not None else None
             while updates_done < num_updates:
                 fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
-                if fn is tail_trainer and ahead is not None:
-                    ahead.join(600.0)  # as long as compiling in line could take; then the call compiles
                 t0 = time.perf_counter()
                 with phase("chunk"):
                     state, metrics = fn(state)
@@ -471,29 +467,6 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
     if files.run_dir is not None:
         _save_params(files.run_dir / "final_params", state.params)
     return files.result(state, stopped)
-
-
-def _compile_ahead(trainer: Any, state: Any) -> threading.Thread | None:
-    """Compile ``trainer``'s chunk (a :class:`PPOAnakin` / ``DQNAnakin``) for the shapes and
-    placement of ``state`` in a background thread, so that the run's last, shorter chunk does not
-    stall the end of the run with its compilation (it overlaps the full chunks instead). The
-    result is kept in ``trainer.compiled`` (trainers are cached per config: a second run compiles
-    nothing). Returns the thread to join before the first call (None: already compiled). A failed
-    compilation is left to the call itself, which compiles again and raises there."""
-    if trainer.compiled is not None:
-        return None
-    # abstract shapes now: a donating chunk may delete ``state``'s buffers while the thread lowers
-    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-
-    def compile_now() -> None:
-        try:
-            trainer.compiled = trainer.chunk.lower(spec).compile()
-        except Exception:  # noqa: BLE001 - the call compiles again and raises with its own traceback
-            pass
-
-    thread = threading.Thread(target=compile_now, name="tianji-compile-ahead", daemon=True)
-    thread.start()
-    return thread
 
 
 def _base_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps: float) -> dict[str, float]:
@@ -897,11 +870,8 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
     try:
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
         done = int(state.actor.env_steps) // config.iteration_env_steps
-        ahead = _compile_ahead(tail_trainer, state) if tail_trainer is not None else None
         while done < n_iter:
             fn = trainer if n_iter - done >= chunk_u else tail_trainer
-            if fn is tail_trainer and ahead is not None:
-                ahead.join(600.0)  # as long as compiling in line could take; then the call compiles
             t0 = time.perf_counter()
             with phase("chunk"):
                 state, metrics = fn(state)  # donates the previous state

@@ -71,8 +71,6 @@ class PPOAnakin(PPOParts):
             (int32) over the episodes that ended during each update's rollout, ``policy_lag_mean``
             / ``policy_lag_max`` (always 0 here), and the loss metrics of
             :func:`~tianji_jax.algos.ppo.ppo_loss` plus ``grad_norm``.
-        compiled: ``chunk`` compiled ahead of time for one state layout (``train`` does it in a
-            background thread for a run's last, shorter chunk), used by ``__call__``; or None.
 
     Raises:
         ValueError: ``updates_per_chunk`` is not an int ``>= 1``.
@@ -85,12 +83,10 @@ class PPOAnakin(PPOParts):
         self.updates_per_chunk = updates_per_chunk
         self.init = jax.jit(self._init)
         self.chunk = jax.jit(self._chunk)
-        self.compiled = None  # see the class docstring
 
     def __call__(self, state: PPOTrainState) -> tuple[PPOTrainState, dict[str, jax.Array]]:
-        """Run one compiled chunk of ``U`` updates (same as ``self.chunk``; the ahead-of-time
-        compiled one when :attr:`compiled` is set)."""
-        return (self.compiled or self.chunk)(state)
+        """Run one compiled chunk of ``U`` updates (same as ``self.chunk``)."""
+        return self.chunk(state)
 
     def _init(self, key: jax.Array) -> PPOTrainState:
         k_actor, k_learner = self.split_init_key(key)

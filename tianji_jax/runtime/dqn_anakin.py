@@ -84,8 +84,6 @@ class DQNAnakin(DQNParts):
             learner block ran), ``gradient_steps`` (int32 updates in the iteration: 0 or
             ``updates_per_step``), ``replay_size`` (int32), and the learner's ``td_loss``,
             ``q_mean``, ``grad_norm``, ``policy_lag_mean``, ``policy_lag_max`` (0 where it did not learn).
-        compiled: ``chunk`` compiled ahead of time for one state layout (``train`` does it in a
-            background thread for a run's last, shorter chunk), used by ``__call__``; or None.
 
     Raises:
         ValueError: ``iterations_per_chunk < 1``.
@@ -100,12 +98,10 @@ class DQNAnakin(DQNParts):
         self.iterations_per_chunk = iterations_per_chunk
         self.init = jax.jit(self._init)
         self.chunk = jax.jit(self._chunk, donate_argnums=0)
-        self.compiled = None  # see the class docstring
 
     def __call__(self, state: DQNTrainState) -> tuple[DQNTrainState, dict[str, jax.Array]]:
-        """Run one compiled chunk of ``U`` iterations (same as ``self.chunk``, or the ahead-of-time
-        compiled one when :attr:`compiled` is set; donates ``state``)."""
-        return (self.compiled or self.chunk)(state)
+        """Run one compiled chunk of ``U`` iterations (same as ``self.chunk``; donates ``state``)."""
+        return self.chunk(state)
 
     def _init(self, key: jax.Array) -> DQNTrainState:
         k_actor, k_learner = self.split_init_key(key)
