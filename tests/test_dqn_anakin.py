@@ -73,6 +73,7 @@ def np_tree(tree):
     (dict(tau=2.0, target_update_period=50), "tau must be in (0.0, 1.0]"),
     (dict(total_env_steps=2**31), "total_env_steps must be <= 2147483647"),  # < batch_size + (n_step - 1) * num_envs = 24
     (dict(buffer_capacity=8), "buffer_capacity"),
+    (dict(buffer_capacity=2**30 + 1), r"buffer_capacity must be <= 1073741824"),  # the sum-tree's int32 indices
     (dict(total_env_steps=4), "total_env_steps"),
     (dict(hidden_sizes=(16, 0)), "hidden_sizes"),
     (dict(activation="gelu"), "activation"),

@@ -575,7 +575,8 @@ class DQNConfig(_AgentConfig):
     num_steps: int = 1
     """Rollout length T per iteration: env steps per env between two learner blocks."""
     buffer_capacity: int = 10_000
-    """Replay capacity C in transitions (circular FIFO)."""
+    """Replay capacity C in transitions (circular FIFO); in [1, 2**30] (the prioritised sum-tree's int32
+    heap indices)."""
     learning_starts: int = 10_000
     """Learner blocks run only in iterations that end with more than this many env steps taken."""
     batch_size: int = 128
@@ -687,7 +688,8 @@ class DQNConfig(_AgentConfig):
                      "eval_every_env_steps"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
-        _check_int("buffer_capacity", self.buffer_capacity, maximum=2**31 - 1)
+        # the prioritised sum-tree indexes its heap nodes in int32 (tianji_jax.sum_tree.MAX_CAPACITY)
+        _check_int("buffer_capacity", self.buffer_capacity, maximum=2**30)
         _check_int("learning_starts", self.learning_starts, minimum=0)
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
         _check_float("replay_ratio", self.replay_ratio, low=0.0, low_open=True)
