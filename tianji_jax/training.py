@@ -19,6 +19,7 @@ from tianji_jax.logging import CSVLogger, MetricsSink, ProgressDisplay, TensorBo
 from tianji_jax.profiling import phase, timed
 from tianji_jax.provenance import provenance
 from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, make_train
+from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
 
@@ -409,7 +410,7 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
     remainder = num_updates % chunk_u
-    tail_trainer = make_train(config, remainder) if remainder and config.runtime == "anakin" else None
+    tail = TailCompile(make_train(config, remainder).chunk) if remainder and config.runtime == "anakin" else None
     evaluator = timed("eval", _evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
     derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
                "num_updates": num_updates, "env_steps": config.env_steps,
@@ -446,14 +447,17 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
             state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
             updates_done = int(state.learner.version)
             while updates_done < num_updates:
-                fn = trainer if num_updates - updates_done >= chunk_u else tail_trainer
+                fn = trainer if num_updates - updates_done >= chunk_u else tail
                 t0 = time.perf_counter()
                 with phase("chunk"):
                     state, metrics = fn(state)
                     m = host_metrics(metrics)
                 n_upd = int(m["episode_count"].shape[0])
                 updates_done += n_upd
-                row = _base_row(config, m, updates_done, n_upd * config.batch_size / (time.perf_counter() - t0))
+                seconds = time.perf_counter() - t0
+                if tail is not None:
+                    tail.after_chunk(state, seconds, (num_updates - updates_done) // chunk_u)
+                row = _base_row(config, m, updates_done, n_upd * config.batch_size / seconds)
                 stopped = emit(row, state.params, state.obs_rms)
                 files.maybe_save(state, updates_done * config.batch_size, {"stopped_early": stopped},
                                  finished=stopped or updates_done >= num_updates)
@@ -462,6 +466,8 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
                 if stopped:
                     break
     finally:
+        if tail is not None:
+            tail.close()
         display.close()
         files.close()
     if files.run_dir is not None:
@@ -839,7 +845,7 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
     n_iter, chunk_u = config.num_iterations, config.iterations_per_chunk
     trainer = make_dqn_train(config)
     remainder = n_iter % chunk_u
-    tail_trainer = make_dqn_train(config, remainder) if remainder else None
+    tail = TailCompile(make_dqn_train(config, remainder).chunk) if remainder else None
     evaluator = timed("eval", _dqn_evaluator(config, config.eval_episodes) if config.eval_episodes else None)
     derived = {"iteration_env_steps": config.iteration_env_steps,
                "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
@@ -871,14 +877,17 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
         done = int(state.actor.env_steps) // config.iteration_env_steps
         while done < n_iter:
-            fn = trainer if n_iter - done >= chunk_u else tail_trainer
+            fn = trainer if n_iter - done >= chunk_u else tail
             t0 = time.perf_counter()
             with phase("chunk"):
                 state, metrics = fn(state)  # donates the previous state
                 m = host_metrics(metrics)
             k = int(m["env_steps"].shape[0])
             done += k
-            row = _dqn_row(config, m, k * config.iteration_env_steps / (time.perf_counter() - t0))
+            seconds = time.perf_counter() - t0
+            if tail is not None:
+                tail.after_chunk(state, seconds, (n_iter - done) // chunk_u)
+            row = _dqn_row(config, m, k * config.iteration_env_steps / seconds)
             if evaluator is not None:
                 eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
                 returns, _ = jax.device_get(evaluator(state.params, eval_key))
@@ -896,6 +905,8 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
             if stopped:
                 break
     finally:
+        if tail is not None:
+            tail.close()
         display.close()
         files.close()
     if files.run_dir is not None:
