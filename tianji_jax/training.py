@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -422,15 +422,37 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
 
+    display = _display(config, progress, "PPO")
+    emit = _make_emit(config, files, display, start, evaluator)
+
+    def run() -> tuple[Any, bool]:
+        if config.runtime == "async":
+            return _run_async(config, emit, files, callback)
+        state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
+        return _run_anakin(trainer, tail, state, int(state.learner.version), num_updates, chunk_u, config.batch_size,
+                           lambda m, done, sps: _base_row(config, m, done, sps), emit, files, callback)
+
+    return _finish(files, display, run)
+
+
+def _display(config: PPOConfig | DQNConfig, progress: bool | None, algo: str) -> ProgressDisplay:
+    """The run's progress bar (shown when ``progress``; None: when stderr is a terminal)."""
     show = sys.stderr.isatty() if progress is None else progress
-    display = ProgressDisplay(config.env_steps, show, description=f"PPO {config.env_spec.name}")
-    stopped = False
+    return ProgressDisplay(config.env_steps, show, description=f"{algo} {config.env_spec.name}")
+
+
+def _make_emit(config: PPOConfig | DQNConfig, files: _RunFiles, display: ProgressDisplay, start: float,
+               evaluator: Callable | None) -> Callable[[dict[str, float], Any, Any], bool]:
+    """The one way a metrics row reaches the run, in every runtime: ``emit(row, params, obs_rms)``
+    evaluates ``params`` greedily (``evaluator(params, obs_rms, key) -> (returns, lengths)``, key
+    folded from the seed and the row index; None: no evaluation) into ``eval_return_mean`` /
+    ``eval_return_std``, stamps ``wall_time_s`` (seconds since ``start``, plus the restored run's),
+    logs the row and updates the progress display. Returns True when ``config.stop_at_return``
+    is reached."""
 
     def emit(row: dict[str, float], params: Any, obs_rms: Any) -> bool:
-        """Evaluate, log one row; True when early stopping triggers."""
-        chunk_index = len(files.rows)
         if evaluator is not None:
-            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), chunk_index)
+            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
             returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
             row["eval_return_mean"] = float(np.mean(returns))
             row["eval_return_std"] = float(np.std(returns))
@@ -440,34 +462,50 @@ def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkp
                        row.get("policy_lag_mean", math.nan))
         return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
 
+    return emit
+
+
+def _run_anakin(trainer: Callable, tail: TailCompile | None, state: Any, done: int, total: int, chunk_u: int,
+                steps_per_unit: int, make_row: Callable[[dict[str, np.ndarray], int, float], dict[str, float]],
+                emit: Callable[..., bool], files: _RunFiles, callback: Callable | None) -> tuple[Any, bool]:
+    """The Anakin host loop (PPO and DQN): compiled chunks of ``chunk_u`` units (PPO updates or DQN
+    iterations of ``steps_per_unit`` env steps each; the last, shorter one is ``tail``'s) from
+    ``done`` to ``total`` units. After each chunk: ``make_row(host metrics, units done, SPS)``,
+    :func:`_make_emit`'s ``emit``, a checkpoint when due, then ``callback(row)``; stops early when
+    ``emit`` says so. Returns ``(state, stopped)``."""
+    stopped = False
     try:
-        if config.runtime == "async":
-            state, stopped = _run_async(config, emit, files, callback)
-        else:
-            state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
-            updates_done = int(state.learner.version)
-            while updates_done < num_updates:
-                fn = trainer if num_updates - updates_done >= chunk_u else tail
-                t0 = time.perf_counter()
-                with phase("chunk"):
-                    state, metrics = fn(state)
-                    m = host_metrics(metrics)
-                n_upd = int(m["episode_count"].shape[0])
-                updates_done += n_upd
-                seconds = time.perf_counter() - t0
-                if tail is not None:
-                    tail.after_chunk(state, seconds, (num_updates - updates_done) // chunk_u)
-                row = _base_row(config, m, updates_done, n_upd * config.batch_size / seconds)
-                stopped = emit(row, state.params, state.obs_rms)
-                files.maybe_save(state, updates_done * config.batch_size, {"stopped_early": stopped},
-                                 finished=stopped or updates_done >= num_updates)
-                if callback is not None:
-                    callback(dict(row))
-                if stopped:
-                    break
+        while done < total:
+            fn = trainer if total - done >= chunk_u else tail
+            t0 = time.perf_counter()
+            with phase("chunk"):
+                state, metrics = fn(state)  # DQN's chunk donates the previous state
+                m = host_metrics(metrics)
+            k = int(m["episode_count"].shape[0])
+            done += k
+            seconds = time.perf_counter() - t0
+            if tail is not None:
+                tail.after_chunk(state, seconds, (total - done) // chunk_u)
+            row = make_row(m, done, k * steps_per_unit / seconds)
+            stopped = emit(row, state.params, getattr(state, "obs_rms", None))  # DQN has no obs_rms
+            files.maybe_save(state, done * steps_per_unit, {"stopped_early": stopped},
+                             finished=stopped or done >= total)
+            if callback is not None:
+                callback(dict(row))
+            if stopped:
+                break
     finally:
         if tail is not None:
             tail.close()
+    return state, stopped
+
+
+def _finish(files: _RunFiles, display: ProgressDisplay, run: Callable[[], tuple[Any, bool]]) -> TrainResult:
+    """Run ``run() -> (state, stopped)``, then close the display and the run files whatever
+    happened, and save ``final_params`` into the run directory."""
+    try:
+        state, stopped = run()
+    finally:
         display.close()
         files.close()
     if files.run_dir is not None:
@@ -539,19 +577,11 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         snap = runner.snapshot  # counters taken by the learner thread right after this update
         dt = max(snap["time"] - last["time"], 1e-9)
         row = _base_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
+        row.update(_async_columns(config, snap, last, dt, ppo.timers))
         row.update({
-            "production_sps": (snap["produced"] - last["produced"]) / dt,
             "consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
             "reuse": float(config.update_epochs),
-            "spi_observed": snap["sampled"] / max(snap["limiter_inserted"], 1),
-            "limiter_error": snap["limiter_error"],
-            "dropped_stale": snap["dropped_stale"],
-            "dropped_partial": snap["dropped_partial"],
             "lost_chunks": snap["lost_chunks"],
-            "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
-            "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
-            "queue_depth": snap["depth"],
-            **{k: snap[k] - last[k] for k in ppo.timers},
         })
         last.clear()
         last.update(snap)
@@ -584,6 +614,25 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         ppo.close()
     # the threads have stopped; actor 0 as the final learner version consumed it
     return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped[0]
+
+
+def _async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: float,
+                   timers: Iterable[str]) -> dict[str, float]:
+    """The async runtime's columns of a row (PPO and DQN) from the runner's counter snapshots
+    ``snap`` (now) and ``last`` (previous row), ``dt`` seconds apart: production SPS, the rate
+    limiter's observed samples-per-insert and error, dropped counts, actor/learner wait fractions,
+    queue depth, and each phase timer's seconds in ``timers`` since the previous row."""
+    return {
+        "production_sps": (snap["produced"] - last["produced"]) / dt,
+        "spi_observed": snap["sampled"] / max(snap["limiter_inserted"], 1),
+        "limiter_error": snap["limiter_error"],
+        "dropped_stale": snap["dropped_stale"],
+        "dropped_partial": snap["dropped_partial"],
+        "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
+        "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
+        "queue_depth": snap["depth"],
+        **{k: snap[k] - last[k] for k in timers},
+    }
 
 
 def _distributed_local(config: PPOConfig, state: Any) -> Any:
@@ -784,8 +833,9 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
 # DQN (Anakin): the same host loop and run-directory files over compiled DQN chunks
 # ------------------------------------------------------------------------------------------------
 def _dqn_evaluator(config: DQNConfig, num_episodes: int):
-    """Greedy-policy evaluator ``(params, key) -> (returns, lengths)`` (``argmax_a Q``, Mnih et al.
-    2015) on ``num_episodes`` separate envs (a separate host env for envpool/gymnasium)."""
+    """Greedy-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` (``argmax_a Q``,
+    Mnih et al. 2015; ``obs_rms`` unused, as in PPO's signature) on ``num_episodes`` separate envs
+    (a separate host env for envpool/gymnasium)."""
     from tianji_jax.evaluation import make_policy_evaluate
     from tianji_jax.runtime.dqn_anakin import dqn_compile_key, make_dqn_train
 
@@ -793,15 +843,15 @@ def _dqn_evaluator(config: DQNConfig, num_episodes: int):
     if config.env_spec.on_host:
         from tianji_jax.runtime.host_actor import make_host_evaluate
 
-        host_eval = make_host_evaluate(config, jax.jit(trainer.greedy_action), num_episodes)
-        return lambda params, key: host_eval(params, None, key)
-    return make_policy_evaluate(config.env_spec, trainer.greedy_action, num_episodes,
-                                cache_key=("dqn", dqn_compile_key(config), num_episodes))
+        return make_host_evaluate(config, jax.jit(trainer.greedy_action), num_episodes)
+    device_eval = make_policy_evaluate(config.env_spec, trainer.greedy_action, num_episodes,
+                                       cache_key=("dqn", dqn_compile_key(config), num_episodes))
+    return lambda params, _obs_rms, key: device_eval(params, key)
 
 
 def _evaluate_dqn(config: DQNConfig, state: Any, num_episodes: int, seed: int) -> EvalResult:
     fn = _dqn_evaluator(config, num_episodes)
-    returns, lengths = jax.device_get(fn(state.params, jax.random.PRNGKey(seed)))
+    returns, lengths = jax.device_get(fn(state.params, None, jax.random.PRNGKey(seed)))
     return EvalResult(returns=np.asarray(returns, np.float64), lengths=np.asarray(lengths, np.int64))
 
 
@@ -861,61 +911,22 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
 
-    show = sys.stderr.isatty() if progress is None else progress
-    display = ProgressDisplay(config.env_steps, show, description=f"DQN {config.env_spec.name}")
-    stopped = False
-    if config.runtime == "async":
-        try:
-            state, stopped = _run_async_dqn(config, files, display, start, evaluator, callback)
-        finally:
-            display.close()
-            files.close()
-        if files.run_dir is not None:
-            _save_params(files.run_dir / "final_params", state.params)
-        return files.result(state, stopped)
-    try:
+    display = _display(config, progress, "DQN")
+    emit = _make_emit(config, files, display, start, evaluator)
+
+    def run() -> tuple[Any, bool]:
+        if config.runtime == "async":
+            return _run_async_dqn(config, files, emit, callback)
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
-        done = int(state.actor.env_steps) // config.iteration_env_steps
-        while done < n_iter:
-            fn = trainer if n_iter - done >= chunk_u else tail
-            t0 = time.perf_counter()
-            with phase("chunk"):
-                state, metrics = fn(state)  # donates the previous state
-                m = host_metrics(metrics)
-            k = int(m["env_steps"].shape[0])
-            done += k
-            seconds = time.perf_counter() - t0
-            if tail is not None:
-                tail.after_chunk(state, seconds, (n_iter - done) // chunk_u)
-            row = _dqn_row(config, m, k * config.iteration_env_steps / seconds)
-            if evaluator is not None:
-                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
-                returns, _ = jax.device_get(evaluator(state.params, eval_key))
-                row["eval_return_mean"] = float(np.mean(returns))
-                row["eval_return_std"] = float(np.std(returns))
-            row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
-            files.log(row)
-            display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
-                           row["policy_lag_mean"])
-            stopped = config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
-            files.maybe_save(state, done * config.iteration_env_steps, {"stopped_early": stopped},
-                             finished=stopped or done >= n_iter)
-            if callback is not None:
-                callback(dict(row))
-            if stopped:
-                break
-    finally:
-        if tail is not None:
-            tail.close()
-        display.close()
-        files.close()
-    if files.run_dir is not None:
-        _save_params(files.run_dir / "final_params", state.params)
-    return files.result(state, stopped)
+        return _run_anakin(trainer, tail, state, int(state.actor.env_steps) // config.iteration_env_steps, n_iter,
+                           chunk_u, config.iteration_env_steps, lambda m, _done, sps: _dqn_row(config, m, sps), emit,
+                           files, callback)
+
+    return _finish(files, display, run)
 
 
-def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay, start: float,
-                   evaluator: Callable | None, callback: Callable | None) -> tuple[Any, bool]:
+def _run_async_dqn(config: DQNConfig, files: _RunFiles, emit: Callable[..., bool],
+                   callback: Callable | None) -> tuple[Any, bool]:
     """The async DQN host loop: a row every ``iterations_per_chunk`` learner blocks (about
     ``eval_every_env_steps`` env steps) while actors and learner run; ``env_steps`` counts env
     steps that reached the replay buffer."""
@@ -961,29 +972,13 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, display: ProgressDisplay
             # gradient updates per env step inserted after learning_starts (as the Anakin rows count it)
             "replay_ratio_observed": sampled / config.batch_size / after,
             "td_loss": float(np.mean(m["td_loss"])), "q_mean": float(np.mean(m["q_mean"])),
-            "production_sps": (snap["produced"] - last["produced"]) / dt,
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
-            "spi_observed": sampled / max(snap["limiter_inserted"], 1), "limiter_error": snap["limiter_error"],
-            "dropped_stale": snap["dropped_stale"], "dropped_partial": snap["dropped_partial"],
-            "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
-            "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
-            "queue_depth": snap["depth"],
-            **{k: snap[k] - last[k] for k in dqn.timers},
+            **_async_columns(config, snap, last, dt, dqn.timers),
         }
         last.clear()
         last.update(snap)
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
-        if evaluator is not None:
-            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
-            returns, _ = jax.device_get(evaluator(learner.params, eval_key))
-            row["eval_return_mean"] = float(np.mean(returns))
-            row["eval_return_std"] = float(np.std(returns))
-        row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
-        files.log(row)
-        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
-                       row["policy_lag_mean"])
-        if config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return:
-            stopped[0] = True
+        stopped[0] = emit(row, learner.params, None)
         actors = snap["cut"]["actors"]
         state = DQNTrainState(_stack_actors(actors), learner, replay_copy)
         files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],
