@@ -215,6 +215,8 @@ def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, 
                 record["info"] = json.loads(payload)
             elif kind == "CONV_DONE":
                 record["done"] = json.loads(payload)
+            elif kind == "CONV_PROFILE":
+                record["profile"] = json.loads(payload)
             elif kind == "CONV_UNSUPPORTED":
                 status, record["reason"] = "unsupported", json.loads(payload)["reason"]
         if status == "capped":
@@ -410,6 +412,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         if not_run:
             lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
         lines.append("")
+    lines += peer_faster_lines(rows, results) + profile_lines(args.out / "profile")
     if peer_errors:
         lines += ["Peer installation: " + "; ".join(f"{k}: {v[:300]}" for k, v in peer_errors.items()), ""]
     short = sorted({(o["env"], o["system"], o["seeds"]) for o in results
@@ -418,6 +421,66 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         lines += ["**Partial results**: fewer than the requested " f"{args.seeds} seeds (the run was interrupted "
                   "or is still to be resumed): " + ", ".join(f"{e} / {s}: {n}" for e, s, n in short) + ".", ""]
     return "\n".join(lines)
+
+
+def peer_faster_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[str]:
+    """``summary.md``'s section on every (row, algorithm) where a peer's median beats a tianji_jax
+    variant's, in train wall seconds or in env steps to the threshold (empty list: nowhere)."""
+    out = []
+    for row in rows:
+        for algo in ("ppo", "dqn"):
+            same = [o for o in results if o["env"] == row.name and o["algo"] == algo and o["seeds"]
+                    and o["status"] not in ("unsupported", "skipped")]
+            for p in (o for o in same if not o["tianji"]):
+                for key, unit, fmt in (("train_wall_s_to_threshold", "train wall s", "{:.1f}"),
+                                       ("steps_to_threshold", "env steps", "{:,.0f}")):
+                    pm = p[key + "_median"]
+                    slower = [t for t in same if t["tianji"] and t[key + "_median"] > pm]
+                    if not np.isfinite(pm) or not slower:
+                        continue
+                    out.append(f"- {row.name}: **{p['system']}** reaches {row.threshold:g} in {fmt.format(pm)} {unit} "
+                               f"(median), less than " + ", ".join(
+                                   f"{t['system']} ({fmt.format(t[key + '_median']) if np.isfinite(t[key + '_median']) else 'never'})"
+                                   for t in slower) + ".")
+    if not out:
+        return ["Where a peer is faster than tianji_jax: nowhere in these results.", ""]
+    return ["## Where a peer is faster than tianji_jax", "",
+            "Medians over seeds from the tables above; the profiles below show where tianji_jax's time goes.", "",
+            *out, ""]
+
+
+def profile_lines(profile_dir: Path) -> list[str]:
+    """``summary.md``'s table of the profiled tianji_jax runs in ``profile_dir`` (``--profile``)."""
+    records = [json.loads(p.read_text()) for p in sorted(profile_dir.glob("*.json"))] if profile_dir.is_dir() else []
+    records = [r for r in records if r.get("profile")]
+    if not records:
+        return []
+    lines = ["## Where tianji_jax's time to the threshold goes (`--profile`)", "",
+             "One extra run per system and row (the first seed, stopped when the evaluation reaches the threshold) "
+             "with `tj.train(..., profile=True)` (a `jax.profiler` trace and per-phase timers, "
+             "`tianji_jax/profiling.py`); profiling and the checkpoints it writes cost time, so these runs are not "
+             "measurements. Seconds of wall clock: *start-up* = interpreter, imports and config before `train()`; "
+             "*compilation* = jax's trace + lower + XLA compile events in every thread (they overlap the phases); "
+             "*first chunk* includes compiling it; *other* = run setup (trainer, `init`, run directory, env "
+             "creation) and host-loop overhead, and for the async runtime the wait for the learner's rows while "
+             "actors and learner run in their threads. Files: `profile/*.json`.", "",
+             "| run | stopped at (env steps) | process s | start-up s | compilation s | first chunk s | later chunks s "
+             "| evaluation s | checkpoints s | other s | load 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        prof, t = r["profile"], r["profile"]["timers"]
+        ph = t.get("phases", {})
+        chunk = ph.get("chunk", {})
+        fmt = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) and np.isfinite(v) else "-"  # noqa: E731
+        steps = r["evals"][-1]["env_steps"] if r.get("evals") else math.nan
+        lines.append(
+            f"| {r['env']} / {r['system']} seed {r['seed']} | {steps:,.0f} | {fmt(prof['process_s'])} | "
+            f"{fmt(prof['startup_s'])} | {fmt(t.get('compile_s', {}).get('total', math.nan))} | "
+            f"{fmt(chunk.get('first_s', math.nan))} | "
+            f"{fmt(chunk.get('total_s', math.nan) - chunk.get('first_s', math.nan)) if chunk else '-'} | "
+            f"{fmt(ph.get('eval', {}).get('total_s', math.nan))} | {fmt(ph.get('checkpoint', {}).get('total_s', math.nan))} | "
+            f"{fmt(t.get('other_s', math.nan))} | {fmt((r.get('loadavg_start') or [math.nan])[0])} |")
+    return lines + [""]
 
 
 def plot(rows: list[Row], runs: list[dict[str, Any]], results: list[dict[str, Any]], path: Path) -> None:
@@ -482,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="write the outputs from the run records already in --out; run and install nothing")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "convergence")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the runs, one profiled run (the first seed, stopped at the threshold) of each "
+                             "selected tianji_jax system per row, written to OUT/profile/: where its time to the "
+                             "threshold goes (profiling costs time: these runs are not measurements)")
     args = parser.parse_args(argv)
     t_start, load_start = time.perf_counter(), C.loadavg()
     all_rows = {"CartPole-v1": Row("CartPole-v1", 475.0, 10_240, args.cartpole_cap_s),
@@ -557,6 +624,25 @@ def main(argv: list[str] | None = None) -> int:
                       f"(+eval {r['wall_s_to_threshold']:.1f} s); end return {r['final_eval_return']:.1f}; "
                       f"{record['process_wall_s'] if 'process_wall_s' in record else 0:.0f} s {r['reason'][:200]}",
                       flush=True)
+    if args.profile and not args.report_only:
+        (args.out / "profile").mkdir(exist_ok=True)
+        for row in rows:
+            for s in systems:
+                path = args.out / "profile" / (run_key(row.name, s.name, seeds[0]) + ".json")
+                if not s.is_tianji or not s.runs_on(row) or quick_skip(args, row, s) or path.exists():
+                    continue
+                tmp = tmp_root / "run"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                load = C.loadavg()
+                record = run_one(s, row, seeds[0], pythons[None], {**extra.get(s.algo, {}), "profile": True,
+                                                                   "threshold": row.threshold}, tmp)
+                shutil.rmtree(tmp, ignore_errors=True)
+                if record["status"] == "unsupported":
+                    continue
+                record.update(loadavg_start=load, command=C.command())
+                path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+                print(f"{row.name} {s.name:24s} profiled: {record['status']}", flush=True)
     shutil.rmtree(tmp_root, ignore_errors=True)
     write_outputs(args, rows, systems, runs_dir, peer_errors, load_start, time.perf_counter() - t_start)
     return 0

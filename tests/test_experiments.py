@@ -195,6 +195,45 @@ def test_convergence_quick(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in sorted((tmp_path / "records").glob("*.json"))} == mtimes
     assert (tmp_path / "results.csv").read_text() == before
     assert json.loads((tmp_path / "machine.json").read_text())["sizes"]["seeds"] == 1
+    assert "Where a peer is faster than tianji_jax: nowhere in these results." in summary  # tianji only
+    # --profile: one more run, stopped at the threshold, with the timers that explain its time
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "convergence.py"), "--quick", "--out",
+                           str(tmp_path), "--envs", "CartPole-v1", "--systems", "PPO anakin", "--profile"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prof = json.loads((tmp_path / "profile" / "CartPole-v1__tianji_jax_PPO_anakin__seed0.json").read_text())
+    assert prof["status"] == "done" and prof["evals"][-1]["eval_return_mean"] >= 200  # stopped at the threshold
+    assert prof["evals"][-1]["env_steps"] < 30_720 or len(prof["evals"]) == 3
+    timers = prof["profile"]["timers"]
+    assert 0 < prof["profile"]["startup_s"] < prof["profile"]["process_s"]
+    assert timers["phases"]["chunk"]["count"] == len(prof["evals"]) and timers["compile_s"]["total"] > 0
+    assert timers["phases"]["chunk"]["first_s"] >= max(timers["chunk_s"][1:], default=0)  # it compiles
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Where tianji_jax's time to the threshold goes" in summary
+    assert "| CartPole-v1 / tianji_jax PPO anakin seed 0 |" in summary
+
+
+def test_convergence_names_where_a_peer_is_faster():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import convergence
+
+    row = convergence.Row("CartPole-v1", 475.0, 10_240, 300.0)
+
+    def res(system, tianji, wall, steps):
+        return {"env": "CartPole-v1", "algo": "ppo", "system": system, "tianji": tianji, "seeds": 3, "status": "done",
+                "train_wall_s_to_threshold_median": wall, "steps_to_threshold_median": steps}
+
+    lines = convergence.peer_faster_lines([row], [res("tianji_jax PPO anakin", True, 40.0, 40_960),
+                                                  res("tianji_jax PPO relaxed", True, 20.0, float("inf")),
+                                                  res("SB3 PPO", False, 30.0, 20_480),
+                                                  res("RLlib PPO", False, float("inf"), 10_000)])
+    text = "\n".join(lines)
+    assert "## Where a peer is faster than tianji_jax" in text
+    assert ("**SB3 PPO** reaches 475 in 30.0 train wall s (median), less than tianji_jax PPO anakin (40.0)."
+            in text)  # relaxed (20 s) is faster: not listed
+    assert ("**SB3 PPO** reaches 475 in 20,480 env steps (median), less than tianji_jax PPO anakin (40,960), "
+            "tianji_jax PPO relaxed (never)." in text)
+    assert "**RLlib PPO** reaches 475 in 10,000 env steps" in text and "RLlib PPO** reaches 475 in inf" not in text
 
 
 def test_learner_groups_quick(tmp_path):

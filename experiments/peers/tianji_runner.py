@@ -105,5 +105,16 @@ def on_row(row):
         log.report(int(row["env_steps"]), float(row["eval_return_mean"]))
 
 
-tj.train(config, progress=False, callback=on_row, tensorboard=False)
+if spec.get("profile"):  # convergence.py --profile: where the time to the threshold goes (not a measurement)
+    import json
+    from pathlib import Path
+
+    run_dir = Path(spec["tmp_dir"]) / "profiled"
+    startup_s = time.time() - float(spec["t0"])  # interpreter, imports, config: before train() starts
+    tj.train(config.replace(stop_at_return=float(spec["threshold"])), run_dir=run_dir, profile=True, progress=False,
+             callback=on_row, tensorboard=False)
+    P.send("CONV_PROFILE", {"startup_s": startup_s, "process_s": time.time() - float(spec["t0"]),
+                            "timers": json.loads((run_dir / "profile" / "timers.json").read_text())})
+else:
+    tj.train(config, progress=False, callback=on_row, tensorboard=False)
 P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count})
