@@ -31,54 +31,45 @@ commands:
 _COMMANDS = ("train", "eval", "plot")
 
 
-@dataclass(frozen=True)
-class TrainArgs:
+@dataclass(frozen=True, kw_only=True)
+class _RunArgs:
+    """The options of ``tianji train`` besides the algorithm's config (shared by PPO and DQN)."""
+
+    run_dir: Path | None = None
+    """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+    resume: Path | None = None
+    """Continue the run in this directory from its latest complete checkpoint; the other options
+    default to that run's config, and changing one that alters the computation is an error."""
+    checkpoint: Annotated[CheckpointConfig, tyro.conf.arg(name="")] = CheckpointConfig()
+    tensorboard: bool = True
+    """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs the optional wandb package)."""
+    profile: bool = False
+    """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
+    checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainArgs(_RunArgs):
     """Train an agent and write its run directory (config.json, provenance.json, metrics.csv,
     final_params/)."""
 
     config: Annotated[PPOConfig, tyro.conf.arg(name="")]
     algo: Literal["ppo", "dqn"] = "ppo"
     """Algorithm: 'ppo' (the options listed here) or 'dqn' (its options: tianji train --algo dqn --help)."""
-    run_dir: Path | None = None
-    """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
-    progress: bool = True
-    """Show a progress bar on stderr."""
-    resume: Path | None = None
-    """Continue the run in this directory from its latest complete checkpoint; the other options
-    default to that run's config, and changing one that alters the computation is an error."""
-    checkpoint: Annotated[CheckpointConfig, tyro.conf.arg(name="")] = CheckpointConfig()
-    tensorboard: bool = True
-    """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
-    wandb: bool = False
-    """Also log to Weights & Biases (needs the optional wandb package)."""
-    profile: bool = False
-    """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
-    checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
 
 
-@dataclass(frozen=True)
-class DQNTrainArgs:
-    """Train a DQN-family agent (Anakin, gymnax, Discrete actions) and write its run directory
-    (config.json, provenance.json, metrics.csv, final_params/)."""
+@dataclass(frozen=True, kw_only=True)
+class DQNTrainArgs(_RunArgs):
+    """Train a DQN-family agent (Discrete actions; Anakin on gymnax, or the async runtime) and write
+    its run directory (config.json, provenance.json, metrics.csv, final_params/)."""
 
     config: Annotated[DQNConfig, tyro.conf.arg(name="")]
     algo: Literal["dqn"] = "dqn"
     """Algorithm ('tianji train --help' for PPO's options)."""
-    run_dir: Path | None = None
-    """Run directory; default runs/<algo>-<env>-s<seed>-<UTC time>."""
-    progress: bool = True
-    """Show a progress bar on stderr."""
-    resume: Path | None = None
-    """Continue the run in this directory from its latest complete checkpoint; the other options
-    default to that run's config, and changing one that alters the computation is an error."""
-    checkpoint: Annotated[CheckpointConfig, tyro.conf.arg(name="")] = CheckpointConfig()
-    tensorboard: bool = True
-    """Also write every metrics.csv column to TensorBoard event files in RUN_DIR/tensorboard."""
-    wandb: bool = False
-    """Also log to Weights & Biases (needs the optional wandb package)."""
-    profile: bool = False
-    """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
-    checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
 
 
 def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
