@@ -2,7 +2,7 @@
 
 An Anakin run of ``n`` updates (or DQN iterations) in chunks of ``U`` ends with a chunk of
 ``n mod U``: a second compiled function. Compiling it in line stalls the end of the run for as
-long as the first chunk's compilation (about 6 s of a 30 s default CartPole PPO run on 2 CPU
+long as the first chunk's compilation (about 5 s of a 24 s default CartPole PPO run on 2 CPU
 cores). :class:`TailCompile` compiles it in a background thread instead, started when the full
 chunks still to run would take about as long as that compilation did, so that it overlaps them
 and, in a long run, is not in flight for most of the run (an interrupted run waits for an
