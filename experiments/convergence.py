@@ -445,7 +445,10 @@ def peer_faster_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[st
     if not out:
         return ["Where a peer is faster than tianji_jax: nowhere in these results.", ""]
     return ["## Where a peer is faster than tianji_jax", "",
-            "Medians over seeds from the tables above; the profiles below show where tianji_jax's time goes.", "",
+            "Medians over seeds from the tables above. Env steps to the threshold follow from each system's own "
+            "tuned hyper-parameters (rollout and batch sizes, epochs, learning rate, exploration), not from the "
+            "runtime; wall seconds add each system's start-up, compilation and throughput (the profiles below "
+            "show where tianji_jax's time goes).", "",
             *out, ""]
 
 
