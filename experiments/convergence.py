@@ -11,7 +11,8 @@ headline), and also reported included (``wall_s_to_threshold``).
 Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib)
 and LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
 ``LunarLander-v3`` for the peers). Systems: tianji_jax PPO in Anakin mode and on the async runtime
-with each schedule, tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
+with each schedule (and in Anakin mode with SB3's tuned CartPole PPO hyper-parameters, ``sb3-hp``),
+tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
 (CartPole only) and ``relaxed`` schedules; Stable-Baselines3,
 RLlib and rejax PPO and DQN, each with the hyper-parameters its authors tuned (see the runner
 scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
@@ -84,6 +85,7 @@ class System:
     venv: str | None = None
     mode: str | None = None
     envs: tuple[str, ...] | None = None  # the rows it runs; None: all
+    hp: str | None = None  # tianji_jax: another system's hyper-parameters (``tianji_runner.py``); None: its own
 
     def runs_on(self, row: "Row") -> bool:
         """Whether this system has a run on ``row`` (not the same as supported: an unsupported
@@ -101,7 +103,10 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
          [System("tianji_jax DQN anakin", "dqn", "tianji_runner.py", mode="anakin"),
           # 'sync' reproduces Anakin (one actor, lag 0): on CartPole only, the LunarLander time went to 'relaxed'
           System("tianji_jax DQN sync", "dqn", "tianji_runner.py", mode="sync", envs=("CartPole-v1",)),
-          System("tianji_jax DQN relaxed", "dqn", "tianji_runner.py", mode="relaxed")]
+          System("tianji_jax DQN relaxed", "dqn", "tianji_runner.py", mode="relaxed"),
+          # the same runtime with SB3's tuned CartPole PPO hyper-parameters: runtime against runtime
+          System("tianji_jax PPO anakin sb3-hp", "ppo", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="sb3")]
 PEERS = [System("rejax PPO", "ppo", "rejax_runner.py", "rejax"), System("rejax DQN", "dqn", "rejax_runner.py", "rejax"),
          System("SB3 PPO", "ppo", "sb3_runner.py", "sb3"), System("SB3 DQN", "dqn", "sb3_runner.py", "sb3"),
          System("RLlib PPO", "ppo", "rllib_runner.py", "rllib"), System("RLlib DQN", "dqn", "rllib_runner.py", "rllib")]
@@ -176,7 +181,7 @@ def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, 
     so far are kept), ``failed`` (non-zero exit; ``reason`` = the end of its stderr) or
     ``unsupported`` (``reason`` from the runner)."""
     spec = {"algo": system.algo, "env": row.name, "seed": seed, "eval_every": row.eval_every, "eval_episodes": 10,
-            "mode": system.mode, "threads": 1, "tmp_dir": str(tmp_dir), **extra}
+            "mode": system.mode, "threads": 1, "tmp_dir": str(tmp_dir), "hp": system.hp, **extra}
     env = dict(os.environ)
     if system.is_tianji:  # the tianji_jax of this checkout
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -368,7 +373,9 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              "Hyper-parameters: tianji_jax's defaults (`PPOConfig()`: CleanRL's tuned CartPole PPO with 8 envs; "
              "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO and DQN with the "
              "rl-baselines3-zoo LunarLander settings, the DQN ones as SB3 DQN runs them: 1 env, 1-step, no Double "
-             "DQN, 100k env steps); Stable-Baselines3 with rl-baselines3-zoo's tuned "
+             "DQN, 100k env steps; `tianji_jax PPO anakin sb3-hp`: the Anakin runtime with SB3's tuned CartPole PPO "
+             "hyper-parameters below, clip range kept at 0.2 where the zoo anneals it, so that its row against SB3 PPO "
+             "compares runtimes rather than hyper-parameters); Stable-Baselines3 with rl-baselines3-zoo's tuned "
              "`ppo.yml`/`dqn.yml`; RLlib with its tuned examples `cartpole_ppo.py`/`cartpole_dqn.py`; rejax with its "
              "`configs/gymnax/cartpole.yaml` (0.1.x API). Each system keeps its own tuned budget (column *budget*). See "
              "`experiments/peers/*_runner.py`.", ""]

@@ -15,6 +15,10 @@ batch 128, buffer 50k, hard target copy every 250 updates (= 250 env steps), eps
 12% of the 100k-step budget, gamma 0.99, 256-256 ReLU MLP, Huber loss (delta 1, SB3's smooth L1),
 plain (not Double) 1-step DQN as SB3's; learning from 128 transitions (SB3 starts at 0 and
 samples with replacement; tianji_jax needs one batch in replay).
+Spec ``hp`` ``"sb3"`` (the ``sb3-hp`` system, CartPole-v1 PPO): rl-baselines3-zoo's tuned CartPole
+PPO, as ``sb3_runner.py`` runs it: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98,
+lambda 0.8, no entropy bonus, lr 1e-3 annealed linearly to 0 over the 100k-step budget; the zoo
+also anneals the clip range 0.2 -> 0, which tianji_jax does not (clip 0.2 throughout).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.training`; nothing in the library is changed.
 """
@@ -68,6 +72,14 @@ def make_config():
     if spec.get("total_env_steps"):
         common["total_env_steps"] = int(spec["total_env_steps"])
     env_id = ENVS[env].get("gymnax") or ENVS[env]["envpool"]
+    if algo == "ppo" and spec.get("hp") == "sb3":  # rl-baselines3-zoo ppo.yml CartPole-v1, as sb3_runner.py
+        if env != "CartPole-v1":
+            P.unsupported("the sb3-hp variant is defined for CartPole-v1 only")
+        common.update(num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20, gamma=0.98, gae_lambda=0.8,
+                      ent_coef=0.0, learning_rate=1e-3, anneal_lr=True,
+                      total_env_steps=common.get("total_env_steps", 100_000))
+        return tj.PPOConfig(env=env_id, runtime=mode if mode == "anakin" else "async",
+                            **({} if mode == "anakin" else {"schedule": mode}), **common)
     if algo == "ppo":
         extra = {} if env == "CartPole-v1" else dict(
             num_envs=16, num_steps=1024, num_minibatches=256, update_epochs=4, gamma=0.999, gae_lambda=0.98,
