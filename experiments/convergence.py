@@ -473,15 +473,20 @@ def profile_lines(profile_dir: Path) -> list[str]:
              "*compilation* = jax's trace + lower + XLA compile events in every thread (they overlap the phases); "
              "*first chunk* includes compiling it; *other* = run setup (trainer, `init`, run directory, env "
              "creation) and host-loop overhead, and for the async runtime the wait for the learner's rows while "
-             "actors and learner run in their threads. Files: `profile/*.json`.", "",
+             "actors and learner run in their threads. Async runs only (summed over the rows, from `metrics.csv`): "
+             "*learner update s* = seconds the learner spent in its compiled updates, *learner wait* / *actor "
+             "wait* = mean fraction of the time the learner waited for data / the actors waited for admission or "
+             "params. Files: `profile/*.json`.", "",
              "| run | stopped at (env steps) | process s | start-up s | compilation s | first chunk s | later chunks s "
-             "| evaluation s | checkpoints s | other s | load 1m |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| evaluation s | checkpoints s | other s | learner update s | learner wait | actor wait | load 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         prof, t = r["profile"], r["profile"]["timers"]
         ph = t.get("phases", {})
         chunk = ph.get("chunk", {})
         fmt = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) and np.isfinite(v) else "-"  # noqa: E731
+        pct = lambda v: f"{100 * v:.0f}%" if isinstance(v, (int, float)) and np.isfinite(v) else "-"  # noqa: E731
+        rt = t.get("runtime") or {}
         steps = r["evals"][-1]["env_steps"] if r.get("evals") else math.nan
         lines.append(
             f"| {r['env']} / {r['system']} seed {r['seed']} | {steps:,.0f} | {fmt(prof['process_s'])} | "
@@ -489,7 +494,9 @@ def profile_lines(profile_dir: Path) -> list[str]:
             f"{fmt(chunk.get('first_s', math.nan))} | "
             f"{fmt(chunk.get('total_s', math.nan) - chunk.get('first_s', math.nan)) if chunk else '-'} | "
             f"{fmt(ph.get('eval', {}).get('total_s', math.nan))} | {fmt(ph.get('checkpoint', {}).get('total_s', math.nan))} | "
-            f"{fmt(t.get('other_s', math.nan))} | {fmt((r.get('loadavg_start') or [math.nan])[0])} |")
+            f"{fmt(t.get('other_s', math.nan))} | {fmt(rt.get('update_s', math.nan))} | "
+            f"{pct(rt.get('learner_wait_frac_mean', math.nan))} | {pct(rt.get('actor_wait_frac_mean', math.nan))} | "
+            f"{fmt((r.get('loadavg_start') or [math.nan])[0])} |")
     return lines + [""]
 
 
