@@ -483,7 +483,9 @@ def profile_lines(profile_dir: Path) -> list[str]:
     for r in records:
         prof, t = r["profile"], r["profile"]["timers"]
         ph = t.get("phases", {})
-        chunk = ph.get("chunk", {})
+        chunk = ph.get("chunk") or {}
+        if not chunk.get("count"):  # the async runtime's host loop runs no compiled chunks
+            chunk = {}
         fmt = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) and np.isfinite(v) else "-"  # noqa: E731
         pct = lambda v: f"{100 * v:.0f}%" if isinstance(v, (int, float)) and np.isfinite(v) else "-"  # noqa: E731
         rt = t.get("runtime") or {}
@@ -491,8 +493,7 @@ def profile_lines(profile_dir: Path) -> list[str]:
         lines.append(
             f"| {r['env']} / {r['system']} seed {r['seed']} | {steps:,.0f} | {fmt(prof['process_s'])} | "
             f"{fmt(prof['startup_s'])} | {fmt(t.get('compile_s', {}).get('total', math.nan))} | "
-            f"{fmt(chunk.get('first_s', math.nan))} | "
-            f"{fmt(chunk.get('total_s', math.nan) - chunk.get('first_s', math.nan)) if chunk else '-'} | "
+            f"{fmt(chunk['first_s']) if chunk else '-'} | {fmt(chunk['total_s'] - chunk['first_s']) if chunk else '-'} | "
             f"{fmt(ph.get('eval', {}).get('total_s', math.nan))} | {fmt(ph.get('checkpoint', {}).get('total_s', math.nan))} | "
             f"{fmt(t.get('other_s', math.nan))} | {fmt(rt.get('update_s', math.nan))} | "
             f"{pct(rt.get('learner_wait_frac_mean', math.nan))} | {pct(rt.get('actor_wait_frac_mean', math.nan))} | "

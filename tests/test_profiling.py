@@ -77,6 +77,42 @@ def test_cli_profile_writes_trace_and_timers(tmp_path):
     assert timers["compile_s"]["total"] == pytest.approx(sum(v for k, v in timers["compile_s"].items()
                                                              if k != "total"))
     assert timers["runtime"] == {}  # Anakin: no actor/learner threads
+    # the trace covered the first TRACE_WINDOW_S seconds, or the whole (shorter) run
+    assert 0 < timers["trace_window_s"] <= min(timers["wall_s"], profiling.TRACE_WINDOW_S + 1.0)
+
+
+_WINDOW_CHILD = """
+import json, sys, time
+import jax, jax.numpy as jnp
+from tianji_jax.profiling import profile_run
+f = jax.jit(lambda x: jnp.tanh(x @ x))
+with profile_run(sys.argv[1], trace_window_s=0.5) as timers:
+    x = jnp.ones((64, 64))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 2.0:
+        x = f(x).block_until_ready()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_trace_stops_at_its_window_while_the_run_goes_on(tmp_path):
+    # a child process, as above: the profiler's native state stays out of the test process
+    proc = subprocess.run([sys.executable, "-c", _WINDOW_CHILD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    timers = json.loads((tmp_path / "profile" / "timers.json").read_text())
+    assert 0.5 <= timers["trace_window_s"] < 1.5  # stopped by the window's timer thread...
+    assert timers["wall_s"] >= 2.0  # ...while the body ran on; the timers cover all of it
+    assert timers["completed"] is True and (tmp_path / "profile" / timers["trace_dir"]).is_dir()
+    assert any(p.name.endswith(".xplane.pb") for p in (tmp_path / "profile").rglob("*"))
+
+
+def test_trace_window_must_be_positive(tmp_path):
+    for bad in (0, -1.0, True, "5"):
+        with pytest.raises(ValueError, match="trace_window_s must be a number of seconds > 0"):
+            with profiling.profile_run(tmp_path, trace_window_s=bad):
+                pass
+    assert not (tmp_path / "profile").exists()
 
 
 def test_profile_needs_run_dir(tmp_path, capsys, monkeypatch):

@@ -4,8 +4,12 @@ dump of where the host loop's wall time went, both in ``RUN_DIR/profile/``.
 Files (all times in seconds of wall clock, ``time.perf_counter``):
 
 - ``RUN_DIR/profile/plugins/profile/<timestamp>/*.xplane.pb`` and ``*.trace.json.gz``: the
-  ``jax.profiler`` trace of the whole call (open with TensorBoard's profile plugin / XProf, or the
-  ``.trace.json.gz`` with Perfetto, https://ui.perfetto.dev).
+  ``jax.profiler`` trace of the call's first :data:`TRACE_WINDOW_S` seconds (open with TensorBoard's
+  profile plugin / XProf, or the ``.trace.json.gz`` with Perfetto, https://ui.perfetto.dev). The
+  window holds start-up, the first compilations and the first chunks; a trace of a whole run would
+  not fit in memory (it records every XLA op executed: a DQN run of 500k env steps on CPU passed
+  24 GB). A background thread stops and writes it when the window ends, while training goes on;
+  the timers below cover the whole run.
 - ``RUN_DIR/profile/timers.json`` (multi-host: ``timers_process<i>.json`` on process ``i > 0``)::
 
     {"units": "seconds", "wall_s": W, "completed": true,
@@ -16,7 +20,8 @@ Files (all times in seconds of wall clock, ``time.perf_counter``):
      "compile_s": {"trace", "lower", "backend_compile", "total"},
      "runtime": {"rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
                  "actor_wait_frac_mean", "learner_wait_frac_mean"},
-     "trace_dir": "plugins/profile/<timestamp>", "trace_write_s": seconds stop_trace took (after wall_s)}
+     "trace_dir": "plugins/profile/<timestamp>", "trace_window_s": seconds the trace covered,
+     "trace_write_s": seconds stop_trace took (inside wall_s when the window ended first)}
 
   The phases are disjoint intervals of the thread that called ``train``: ``chunk`` (one compiled
   Anakin chunk, run and its metrics copied to the host; the first one includes its compilation),
@@ -54,12 +59,15 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-__all__ = ["PhaseTimers", "profile_run", "phase", "timed", "PROFILE_DIR", "TIMERS_FILE", "PHASES", "RUNTIME_COLUMNS"]
+__all__ = ["PhaseTimers", "profile_run", "phase", "timed", "PROFILE_DIR", "TIMERS_FILE", "PHASES", "RUNTIME_COLUMNS",
+           "TRACE_WINDOW_S"]
 
 PROFILE_DIR = "profile"
 """Subdirectory of the run directory that receives the trace and the timers."""
 TIMERS_FILE = "timers.json"
 PHASES = ("chunk", "eval", "checkpoint", "log", "final_params")
+TRACE_WINDOW_S = 5.0
+"""Seconds of the run the ``jax.profiler`` trace covers, from the start of :func:`profile_run`."""
 """Host-loop phases recorded in ``timers.json`` (see the module docstring)."""
 RUNTIME_COLUMNS = ("rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s")
 """Per-phase ``metrics.csv`` columns of the async runtime summed into ``timers.json``'s ``runtime``."""
@@ -165,17 +173,54 @@ def timed(name: str, fn: Callable | None) -> Callable | None:
     return wrapper
 
 
+class _TraceWindow:
+    """Stops the running ``jax.profiler`` trace once: after ``window_s`` seconds from a timer
+    thread, or at :meth:`stop` (the end of the run), whichever comes first."""
+
+    def __init__(self, window_s: float):
+        self._lock = threading.Lock()
+        self._start = time.perf_counter()
+        self.window_s: float | None = None  # seconds the trace covered, once stopped
+        self.write_s = 0.0
+        self._timer = threading.Timer(window_s, self.stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        """Stop and write the trace if it still runs (waits while the timer thread writes it)."""
+        with self._lock:
+            if self.window_s is not None:
+                return
+            self.window_s = time.perf_counter() - self._start
+            t0 = time.perf_counter()
+            jax.profiler.stop_trace()
+            self.write_s = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Cancel the timer and stop the trace if the timer has not."""
+        self._timer.cancel()
+        self.stop()
+
+
 @contextmanager
-def profile_run(run_dir: str | Path) -> Iterator[PhaseTimers]:
-    """Profile the ``with`` body: a ``jax.profiler`` trace into ``run_dir/profile/`` and, on exit
-    (also when the body raises), ``run_dir/profile/timers.json``.
+def profile_run(run_dir: str | Path, trace_window_s: float = TRACE_WINDOW_S) -> Iterator[PhaseTimers]:
+    """Profile the ``with`` body: a ``jax.profiler`` trace of its first ``trace_window_s`` seconds
+    into ``run_dir/profile/`` and, on exit (also when the body raises), ``run_dir/profile/timers.json``
+    over the whole body.
 
     Set ``timers.curve`` (a :data:`~tianji_jax.training.METRIC_COLUMNS` curve) inside the body to
     fill the ``runtime`` section.
 
+    Args:
+        run_dir: the run directory; files go to ``run_dir/profile/``.
+        trace_window_s: seconds (> 0) of the body the trace covers; the timers cover all of it.
+
     Raises:
+        ValueError: ``trace_window_s`` is not a number > 0.
         RuntimeError: a ``jax.profiler`` trace is already running in this process.
     """
+    if isinstance(trace_window_s, bool) or not isinstance(trace_window_s, (int, float)) or not trace_window_s > 0:
+        raise ValueError(f"trace_window_s must be a number of seconds > 0, got {trace_window_s!r}")
     out = Path(run_dir) / PROFILE_DIR
     timers = PhaseTimers()
     token = _CURRENT.set(timers)
@@ -192,15 +237,15 @@ def profile_run(run_dir: str | Path) -> Iterator[PhaseTimers]:
         except RuntimeError as err:
             raise RuntimeError(f"profile: cannot start a jax.profiler trace ({err}); stop the running trace "
                                "first (jax.profiler.stop_trace)") from None
+        window = _TraceWindow(trace_window_s)
         try:
             yield timers
             completed = True
         finally:
             wall_s = time.perf_counter() - start
-            t0 = time.perf_counter()
-            jax.profiler.stop_trace()
+            window.close()
             summary = timers.summary(wall_s, timers.curve, completed)
-            summary["trace_write_s"] = time.perf_counter() - t0
+            summary["trace_window_s"], summary["trace_write_s"] = window.window_s, window.write_s
             new = sorted(set(out.glob("plugins/profile/*")) - before)
             summary["trace_dir"] = str(new[-1].relative_to(out)) if new else None
             name = TIMERS_FILE if jax.process_index() == 0 else f"timers_process{jax.process_index()}.json"
