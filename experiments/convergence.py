@@ -321,7 +321,7 @@ def aggregate(runs: list[dict[str, Any]], systems: list[System], rows: list[Row]
                 res[k + "_median"] = _median_inf(vals) if measured else math.nan
                 res[k + "_min"] = min(finite) if finite else math.nan
                 res[k + "_max"] = max(finite) if finite else math.nan
-            for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s"):
+            for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s", "loadavg_1m"):
                 vals = [r[k] for r in measured if np.isfinite(r[k])]
                 res[k + "_median"] = C.median(vals)
                 res[k + "_min"] = min(vals) if vals else math.nan
@@ -381,7 +381,9 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              "`experiments/peers/*_runner.py`.", ""]
     loads = [r["loadavg_1m"] for r in runs if np.isfinite(r["loadavg_1m"])]
     if loads:
-        lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores. "
+        lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores "
+                  "(per system: the last column; a row measured under a higher load than another is slower for it, "
+                  "so compare rows measured at similar loads). "
                   + ("When several commands made the runs (listed above), they ran partly at the same time, each "
                      "on its own seeds or systems, to fit the runs into the time available." if len(commands) > 1
                      else ""), ""]
@@ -392,8 +394,9 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         lines += [f"## {row.name} (threshold {row.threshold:g}; evaluation every {row.eval_every} env steps; "
                   f"cap {row.cap_s:.0f} s per run)", "",
                   "| system | budget (env steps) | seeds | reached | train wall s to threshold | x best | "
-                  "wall s incl. eval | env steps to threshold | x best | return at end | first eval at (s) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "wall s incl. eval | env steps to threshold | x best | return at end | first eval at (s) | "
+                  "load 1m at start |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for o in rs:
             if o["status"] in ("unsupported", "skipped") or not o["seeds"]:
                 continue
@@ -403,7 +406,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
                 f"{fmt_range(o, 'train_wall_s_to_threshold', '{:.1f}')} | {xb('x_tianji_best_train_wall_s')} | "
                 f"{fmt_range(o, 'wall_s_to_threshold', '{:.1f}')} | {fmt_range(o, 'steps_to_threshold', '{:,.0f}')} | "
                 f"{xb('x_tianji_best_steps')} | {fmt_range(o, 'final_eval_return', '{:.0f}')} | "
-                f"{fmt_range(o, 'first_eval_wall_s', '{:.1f}')} |")
+                f"{fmt_range(o, 'first_eval_wall_s', '{:.1f}')} | {fmt_range(o, 'loadavg_1m', '{:.1f}')} |")
         capped = sorted({(r["system"], r["seed"]) for r in runs if r["env"] == row.name and r["status"] == "capped"})
         failed = [r for r in runs if r["env"] == row.name and r["status"] == "failed"]
         lines.append("")
