@@ -358,18 +358,20 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
     lines = [f"# Time to threshold: tianji_jax against peers {'(--quick)' if args.quick else ''}", "",
              f"Command: `{C.command()}`" + ("" if commands == [C.command()] else "; the runs were made by "
                                              + ", ".join(f"`{c}`" for c in commands)), "", C.SHARED_NOTE, "",
-             f"Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
-             f"compilation and env creation included) to the end of the first evaluation whose mean return over 10 "
-             f"deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
-             f"times its own; `wall incl. eval` keeps it). Evaluation every `eval_every` env steps (rounded up to "
-             f"each system's iteration), so steps and seconds to threshold are resolved to one evaluation interval. "
-             f"Median [min..max] over seeds; a seed that never reached the threshold counts as +inf in the median "
-             f"('never' when most did not). *x best* = median / the median of the best tianji_jax variant of the "
-             f"same algorithm on the same row (marked 1.00), measured in this same invocation. *return at end* = "
-             f"the evaluation at the end of each system's own budget (empty for runs stopped by the wall cap). "
-             f"Runs were sequential (env, then seed, then system). Total wall {wall_s:.0f} s of this invocation "
-             f"(earlier invocations' runs were resumed from `records/`); load average at start {load_start}, at each "
-             f"run's start in `runs.csv` (`loadavg_1m`).", "",
+             "Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
+             "compilation and env creation included) to the end of the first evaluation whose mean return over 10 "
+             "deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
+             "times its own; `wall incl. eval` keeps it). Evaluation every `eval_every` env steps (rounded up to "
+             "each system's iteration), so steps and seconds to threshold are resolved to one evaluation interval. "
+             "Median [min..max] over seeds; a seed that never reached the threshold counts as +inf in the median "
+             "('never' when most did not). *x best* = median / the median of the best tianji_jax variant of the "
+             "same algorithm on the same row (marked 1.00), measured on this machine (the load column says under what load). *return at end* = "
+             "the evaluation at the end of each system's own budget (empty for runs stopped by the wall cap). "
+             "Runs were sequential (env, then seed, then system). "
+             + ("This invocation only rebuilt the tables from the run records in `records/`. " if args.report_only
+                else f"Total wall {wall_s:.0f} s of this invocation (earlier invocations' runs were resumed from "
+                     f"`records/`); load average at its start {load_start}. ")
+             + "Load average at each run's start: `runs.csv` (`loadavg_1m`).", "",
              "Hyper-parameters: tianji_jax's defaults (`PPOConfig()`: CleanRL's tuned CartPole PPO with 8 envs; "
              "`DQNConfig()`: CleanRL/PureJaxRL DQN + Double DQN + 3-step targets; LunarLander PPO and DQN with the "
              "rl-baselines3-zoo LunarLander settings, the DQN ones as SB3 DQN runs them: 1 env, 1-step, no Double "
@@ -453,7 +455,9 @@ def peer_faster_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[st
                                    f"{t['system']} ({fmt.format(t[key + '_median']) if np.isfinite(t[key + '_median']) else 'never'})"
                                    for t in slower) + ".")
     if not out:
-        return ["Where a peer is faster than tianji_jax: nowhere in these results.", ""]
+        peers = any(not o["tianji"] and o["seeds"] for o in results)
+        return ["Where a peer is faster than tianji_jax: " + ("nowhere in these results." if peers else
+                                                             "no peer ran in these results."), ""]
     return ["## Where a peer is faster than tianji_jax", "",
             "Medians over seeds from the tables above. Env steps to the threshold follow from each system's own "
             "tuned hyper-parameters (rollout and batch sizes, epochs, learning rate, exploration), not from the "

@@ -205,6 +205,8 @@ def test_plot_real_run_and_bad_input(cli_run, tmp_path, capsys):
     assert list(line.get_xdata()) == [256.0, 512.0]
     assert _code(["plot", str(tmp_path / "nope")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+    assert _code(["plot"]) == 2  # no run directory: one line, no traceback
+    assert "give one or more run directories" in capsys.readouterr().err
     with pytest.raises(ValueError, match="at least one"):
         plot_runs([], tmp_path / "x.png")
     assert main(["plot", str(cli_run)]) == 0

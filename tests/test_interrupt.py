@@ -43,5 +43,6 @@ def test_sigint_stops_training_cleanly(tmp_path, runtime):
     # save threads when the signal lands while it finalises a checkpoint, before or after our line;
     # its commit stays atomic and a resume skips an unfinished checkpoint)
     assert "tianji train: interrupted" in err, err[-3000:]
+    assert f"continue the run with: tianji train --resume {run_dir}" in err, err[-3000:]  # Anakin and async
     assert "tianji_jax/" not in err, err[-3000:]
     assert len(metrics.read_text().splitlines()) >= 3

@@ -204,8 +204,10 @@ def _train(argv: list[str]) -> int:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then
+        resumable = getattr(config, "num_processes", 1) == 1 and getattr(config, "num_learner_groups", 1) == 1
         print(f"tianji train: interrupted; {run_dir} keeps the metrics and checkpoints written so far "
-              f"(continue an Anakin run with: tianji train --resume {run_dir})", file=sys.stderr)
+              + (f"(continue the run with: tianji train --resume {run_dir})" if resumable else
+                 "(runs with several processes or learner groups cannot be resumed yet)"), file=sys.stderr)
         return 130
     curve = result.curve
     last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
@@ -296,6 +298,10 @@ def _plot(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     from tianji_jax.plotting import plot_runs
 
+    if not args.run_dirs:
+        print("tianji plot: error: give one or more run directories: tianji plot RUN_DIR [RUN_DIR ...]",
+              file=sys.stderr)
+        return 2
     out = args.out or args.run_dirs[0] / "plot.png"
     try:
         plot_runs(args.run_dirs, out)
