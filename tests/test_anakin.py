@@ -30,6 +30,15 @@ def test_vmapped_seeds_equal_unbatched_runs_and_differ():
     assert any(not np.allclose(np.asarray(x)[0], np.asarray(x)[1]) for x in leaves)
 
 
+def test_make_train_refuses_an_async_config():
+    """make_train builds Anakin only: an async config is an error naming the field, not a silent Anakin trainer."""
+    with pytest.raises(ValueError, match=r"make_train builds the Anakin runtime only; got runtime='async'"):
+        tj.make_train(tj.PPOConfig(**SMALL, runtime="async"))
+    with pytest.raises(ValueError, match="runtime='async'"):
+        tj.make_train(tj.PPOConfig(**SMALL, runtime="async", schedule="sync"), updates_per_chunk=1)
+    assert isinstance(tj.make_train(tj.PPOConfig(**SMALL)), tj.PPOAnakin)
+
+
 def test_chunk_metrics_have_one_entry_per_update():
     config = tj.PPOConfig(**SMALL)
     trainer = tj.make_train(config, updates_per_chunk=2)

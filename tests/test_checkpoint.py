@@ -225,12 +225,13 @@ def test_not_a_checkpoint_and_corrupt_raise_clear_errors(tmp_path, ppo_full):
         if f.is_file():
             f.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt or unreadable"):
-        tj.load(corrupt)
+        tj.load(corrupt, step=latest)
+    assert tj.load(corrupt).step < latest  # without a step: the newest intact one
     meta_file = corrupt / "checkpoints" / str(latest) / "meta" / "metadata"
     if meta_file.exists():
         meta_file.write_text("{not json")
         with pytest.raises(CheckpointError, match="corrupt or unreadable"):
-            tj.load(corrupt)
+            tj.load(corrupt, step=latest)
     with pytest.raises(CheckpointError):
         tj.train(tj.PPOConfig(**PPO), run_dir=tmp_path / "empty", resume=True, progress=False)
 

@@ -134,6 +134,21 @@ def test_flags_reach_config(tmp_path, capsys, no_training):
     assert "done: 2048 env steps" in out
 
 
+def test_whole_float_values_of_int_flags_are_accepted(capsys, no_training):
+    """``--total-env-steps 1e6`` is what users write: a whole float of an int option is its int
+    (both ``--flag X`` and ``--flag=X``, PPO and DQN); ``1.5`` is still refused."""
+    assert main(["train", "--total-env-steps", "1e6", "--eval-every-env-steps=2.5e4", "--num-envs", "8.0",
+                 "--progress", "False"]) == 0
+    assert no_training[-1]["config"] == PPOConfig(total_env_steps=1_000_000, eval_every_env_steps=25_000)
+    assert main(["train", "--algo", "dqn", "--total-env-steps", "2e5", "--learning-starts", "1e4",
+                 "--progress", "False"]) == 0
+    assert no_training[-1]["config"] == tianji_jax.DQNConfig(total_env_steps=200_000, learning_starts=10_000)
+    capsys.readouterr()
+    assert _exit_code(["train", "--num-envs", "1.5"]) == 2
+    assert "--num-envs" in capsys.readouterr().err
+    assert len(no_training) == 2
+
+
 def test_defaults_match_python_api(no_training):
     assert main(["train", "--progress", "False"]) == 0
     (call,) = no_training

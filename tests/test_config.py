@@ -69,8 +69,8 @@ BAD_VALUES = [
     *[(f, v, ValueError, f) for f in ("total_env_steps", "num_envs", "num_steps", "update_epochs",
                                        "num_minibatches", "eval_every_env_steps") for v in (0, -1)],
     ("eval_episodes", -1, ValueError, "eval_episodes"),
-    # float given for an int field / other wrong types
-    *[(f, 8.0, TypeError, f) for f in ("total_env_steps", "num_envs", "num_steps", "update_epochs",
+    # a non-whole float given for an int field (a whole one, 8.0, is taken as 8) / other wrong types
+    *[(f, 8.5, TypeError, f) for f in ("total_env_steps", "num_envs", "num_steps", "update_epochs",
                                         "num_minibatches", "eval_every_env_steps", "eval_episodes", "seed")],
     ("num_envs", True, TypeError, "num_envs"),
     ("num_envs", "8", TypeError, "num_envs"),
@@ -113,7 +113,7 @@ BAD_VALUES = [
     ("hidden_sizes", (), ValueError, "hidden_sizes"),
     ("hidden_sizes", (64, 0), ValueError, "hidden_sizes"),
     ("hidden_sizes", (64, -8), ValueError, "hidden_sizes"),
-    ("hidden_sizes", [64, 64], ValueError, "hidden_sizes"),
+    ("hidden_sizes", [64, 0], ValueError, "hidden_sizes"),  # a list is taken as a tuple, then checked
     ("hidden_sizes", 64, ValueError, "hidden_sizes"),
     ("hidden_sizes", (64, 32.0), ValueError, "hidden_sizes"),
     ("hidden_sizes", (True,), ValueError, "hidden_sizes"),
@@ -130,6 +130,7 @@ BAD_VALUES = [
     ("num_actors", 0, ValueError, "num_actors"),
     ("queue_batches", 1, ValueError, "queue_batches"),
     ("stall_timeout_s", 0.0, ValueError, "stall_timeout_s"),
+    ("max_nonfinite_updates", 0, ValueError, "max_nonfinite_updates"),
     ("stall_timeout_s", NAN, ValueError, "stall_timeout_s"),
     # env
     ("env", "gymnax:CartPol-v1", ValueError, r"env=.*CartPol-v1"),
@@ -222,8 +223,8 @@ def test_unknown_backend_lists_allowed_backends():
 
 
 def test_float_int_field_message_gives_value_and_type():
-    with pytest.raises(TypeError, match=r"num_envs must be an int, got 4\.0 \(float\)"):
-        PPOConfig(**{**BASE, "num_envs": 4.0})
+    with pytest.raises(TypeError, match=r"num_envs must be an int, got 4\.5 \(float\)"):
+        PPOConfig(**{**BASE, "num_envs": 4.5})
 
 
 @pytest.mark.parametrize("field, value", [("gamma", 1.5), ("seed", 2**32), ("clip_eps", 0.0)])
@@ -376,6 +377,44 @@ def test_numpy_scalars_from_a_sweep_are_accepted_as_plain_numbers():
     cfg = PPOConfig(**{**BASE, "num_envs": np.int64(4), "learning_rate": np.float32(1e-3), "anneal_lr": np.bool_(False)})
     assert type(cfg.num_envs) is int and type(cfg.learning_rate) is float and cfg.anneal_lr is False
     assert cfg == PPOConfig(**{**BASE, "num_envs": 4, "learning_rate": float(np.float32(1e-3)), "anneal_lr": False})
+
+
+DQN_BASE = dict(num_envs=4, num_steps=2, buffer_capacity=512, batch_size=16, learning_starts=48, replay_ratio=0.25,
+                total_env_steps=160, eval_every_env_steps=80, eval_episodes=2, hidden_sizes=(16,))
+
+
+def _int_fields(cls):
+    return [f.name for f in dataclasses.fields(cls) if f.type in ("int", "int | None")]
+
+
+def test_what_users_write_is_accepted_whole_floats_and_lists():
+    """``total_env_steps=1e6`` and ``hidden_sizes=[64, 64]``: every int field of both configs takes a
+    whole float as its int, a list becomes a tuple; the configs equal (and hash as) the int/tuple ones."""
+    from tianji_jax import DQNConfig
+
+    big = PPOConfig(**{**BASE, "total_env_steps": 1e6, "hidden_sizes": [64, 64]})
+    assert type(big.total_env_steps) is int and big.total_env_steps == 1_000_000 and big.hidden_sizes == (64, 64)
+    assert big == PPOConfig(**{**BASE, "total_env_steps": 1_000_000}) and hash(big) == hash(big.replace())
+    for cls, base in ((PPOConfig, BASE), (DQNConfig, DQN_BASE)):
+        good = cls(**base)
+        names = [n for n in _int_fields(cls) if getattr(good, n) is not None]
+        assert {"total_env_steps", "num_envs", "seed", "eval_every_env_steps"} <= set(names)
+        for name in names:
+            as_float = cls(**{**base, name: float(getattr(good, name))})
+            assert as_float == good and type(getattr(as_float, name)) is int, name
+        assert cls(**{**base, "hidden_sizes": list(good.hidden_sizes)}) == good
+        assert good.replace(hidden_sizes=[32, 32]).hidden_sizes == (32, 32)
+
+
+@pytest.mark.parametrize("cls_name", ["PPOConfig", "DQNConfig"])
+def test_non_whole_floats_in_int_fields_are_still_refused(cls_name):
+    import tianji_jax
+
+    cls = getattr(tianji_jax, cls_name)
+    base = BASE if cls is PPOConfig else DQN_BASE
+    for name in _int_fields(cls):
+        with pytest.raises(TypeError, match=rf"^{name} must be an int, got 1\.5 \(float\)$"):
+            cls(**{**base, name: 1.5})
 
 
 def test_minibatches_of_one_step_with_advantage_normalisation_are_rejected():

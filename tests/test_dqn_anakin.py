@@ -91,6 +91,12 @@ def test_wrong_type_raises_type_error(changes, field):
         small(**changes)
 
 
+def test_make_dqn_train_refuses_an_async_config():
+    with pytest.raises(ValueError, match=r"make_dqn_train builds the Anakin runtime only; got runtime='async'"):
+        tj.make_dqn_train(small(runtime="async"))
+    assert isinstance(tj.make_dqn_train(small()), tj.DQNAnakin)
+
+
 def test_replay_memory_checked_before_allocation(monkeypatch):
     config = small()
     monkeypatch.setattr(replay, "_free_host_bytes", lambda: config.replay_bytes - 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import threading
 
 import numpy as np
@@ -79,7 +80,9 @@ def test_eval_not_a_run_directory(tmp_path, capsys):
 def test_cli_resume(cli_run, tmp_path, capsys):
     # a finished run: nothing left to do, same last row
     assert main(["train", "--resume", str(cli_run), "--progress", "False"]) == 0
-    assert "done: 512 env steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"nothing to do: the run in {cli_run} had already finished at 512 env steps" in out, out
+    assert "done:" not in out  # it did not train
     # an option that changes the computation is refused, naming the field
     assert _code(["train", "--resume", str(cli_run), "--gamma", "0.5"]) == 2
     assert "gamma: checkpoint 0.99, given 0.5" in capsys.readouterr().err
@@ -89,6 +92,46 @@ def test_cli_resume(cli_run, tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
     assert _code(["train", "--resume", str(cli_run), "--run-dir", str(tmp_path / "other")]) == 2
     assert "differ" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_trains_nothing_and_says_so(cli_run, capsys):
+    result = tj.train(run_dir=cli_run, resume=True, progress=False)
+    assert result.already_finished and int(result.curve["env_steps"][-1]) == 512
+    err = capsys.readouterr().err  # not a terminal here: the one summary line
+    assert "tianji_jax.train: nothing to do, the run had already finished: 512 env steps" in err, err
+
+
+def test_train_prints_a_summary_line_when_stderr_is_not_a_terminal(cli_run, tmp_path, capsys):
+    config = tj.load_config(cli_run)  # compiled already by the fixture's run
+    result = tj.train(config, run_dir=tmp_path / "run", progress=False, tensorboard=False)
+    assert not result.already_finished
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("tianji_jax.train:")]
+    assert len(lines) == 1, lines
+    evals = result.curve["eval_return_mean"]
+    assert lines[0].startswith("tianji_jax.train: done: 512 env steps in "), lines
+    assert f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}; run dir {tmp_path / 'run'}" in lines[0]
+
+
+def test_evaluate_names_a_config_that_does_not_match_the_state():
+    """Shapes only (``jax.eval_shape`` states): the mismatch is found before anything is computed."""
+    import jax
+
+    ppo = tj.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, total_env_steps=256)
+    dqn = tj.DQNConfig(num_envs=4, num_steps=2, buffer_capacity=512, batch_size=16, learning_starts=48,
+                       replay_ratio=0.25, total_env_steps=160, eval_every_env_steps=80, hidden_sizes=(16,))
+    cases = [(ppo, tj.make_train, dict(hidden_sizes=(32, 32)), r"hidden_sizes \(this config has hidden_sizes=\(32, 32\)"),
+             (ppo, tj.make_train, dict(hidden_sizes=(64,)), "hidden_sizes"),
+             (ppo, tj.make_train, dict(env="gymnax:Acrobot-v1"), "env=.*Acrobot"),
+             (dqn, tj.make_dqn_train, dict(hidden_sizes=(8,)), "hidden_sizes"),
+             (dqn, tj.make_dqn_train, dict(dueling=True), "dueling"),
+             (dqn, tj.make_dqn_train, dict(env="gymnax:Acrobot-v1"), "env=.*Acrobot")]
+    for config, make, change, field in cases:
+        state = jax.eval_shape(make(config).init, jax.random.PRNGKey(0))
+        with pytest.raises(ValueError, match="the state does not match the config") as info:
+            tj.evaluate(config.replace(**change), state)
+        msg = str(info.value)
+        assert re.search(f"likely config field: .*{field}", msg), msg
+        assert "params/" in msg and "tianji_jax.load(run_dir).config" in msg, msg
 
 
 # ---- TensorBoard and the sink ------------------------------------------------------------------------
@@ -189,6 +232,19 @@ def test_plot_one_line_per_run(tmp_path, n_runs, capsys):
     out2 = tmp_path / "cli.png"
     assert main(["plot", *map(str, runs), "--out", str(out2)]) == 0
     assert out2.exists() and f"wrote {out2}" in capsys.readouterr().out
+
+
+def test_plot_of_a_run_without_rows_is_a_one_line_error(tmp_path, capsys):
+    empty = _fake_run(tmp_path, "empty", n=0)  # metrics.csv with its header only
+    full = _fake_run(tmp_path, "full")
+    for runs in ([empty], [full, empty]):
+        assert _code(["plot", *map(str, runs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tianji plot: error: nothing to plot") and str(empty) in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert not (runs[0] / "plot.png").exists()  # no blank figure written
+    with pytest.raises(ValueError, match="has no rows yet"):
+        plot_runs([empty], tmp_path / "x.png")
 
 
 def test_plot_lag_histogram_for_async_runs(tmp_path):

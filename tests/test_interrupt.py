@@ -46,3 +46,63 @@ def test_sigint_stops_training_cleanly(tmp_path, runtime):
     assert f"continue the run with: tianji train --resume {run_dir}" in err, err[-3000:]  # Anakin and async
     assert "tianji_jax/" not in err, err[-3000:]
     assert len(metrics.read_text().splitlines()) >= 3
+
+
+# ---- Ctrl-C before the first checkpoint --------------------------------------------------------------
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
+        "--total-env-steps", "128", "--eval-every-env-steps", "128", "--eval-episodes", "0",
+        "--progress", "False", "--tensorboard", "False"]
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_same_command_runs_again(tmp_path, monkeypatch, capsys):
+    """No false advice: nothing to resume is said as such, and the directory (config files, a
+    header-only metrics.csv, an empty checkpoints/) is taken again by the same command."""
+    import tianji_jax.training
+    from tianji_jax.cli import main
+
+    def interrupted(*_args, **_kwargs):  # Ctrl-C during the first compiled chunk
+        raise KeyboardInterrupt
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "--run-dir", str(run_dir), *TINY]
+    monkeypatch.setattr(tianji_jax.training, "_run_anakin", interrupted)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "tianji train: interrupted" in err and "before the first checkpoint" in err, err
+    assert "nothing to resume" in err and "run the same command again" in err, err
+    assert "--resume" not in err, err
+    assert (run_dir / "config.json").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) == 1
+    monkeypatch.undo()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 2  # header + 1 row
+    assert main(argv) == 2  # now it holds a run: refused as before
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
+    import tianji_jax as tj
+    from tianji_jax.run_status import check_new_run_dir, interrupt_message
+
+    config = tj.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, total_env_steps=256)
+    header = ",".join(tj.METRIC_COLUMNS) + "\n"
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "metrics.csv").write_text(header + "128" + "," * (len(tj.METRIC_COLUMNS) - 1) + "\n")
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "checkpoints" / "128").mkdir(parents=True)
+    (ckpt / "metrics.csv").write_text(header)
+    for d in (rows, ckpt):
+        with pytest.raises(FileExistsError, match="already holds a run"):
+            tj.train(config, run_dir=d, progress=False)
+        with pytest.raises(FileExistsError, match="already holds a run"):
+            tj.train(config, run_dir=d, progress=False, profile=True)
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    (empty / "metrics.csv").write_text(header)
+    check_new_run_dir(empty)  # reusable: no rows, no checkpoint
+    check_new_run_dir(tmp_path / "new")
+    # rows but no complete checkpoint (one interrupted while being written): not resumable, not reusable
+    (rows / "checkpoints" / "128.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    msg = interrupt_message(rows, resumable=True)
+    assert "cannot be resumed" in msg and "new directory" in msg and "--resume" not in msg
+    assert f"tianji train --resume {ckpt}" in interrupt_message(ckpt, resumable=True)

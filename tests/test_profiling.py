@@ -125,7 +125,8 @@ def test_profile_needs_run_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_profile_never_touches_an_existing_run(tmp_path):
-    (tmp_path / "metrics.csv").write_text("env_steps\n")
+    # a run with a row (a header-only metrics.csv, left by a run stopped before its first row, is reusable)
+    (tmp_path / "metrics.csv").write_text("env_steps\n128\n")
     with pytest.raises(FileExistsError, match="already holds a run"):
         tj.train(tj.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, total_env_steps=128),
                  run_dir=tmp_path, profile=True)

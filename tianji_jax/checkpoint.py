@@ -7,7 +7,11 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   statistics, counters, policy version, the n-step window, and for DQN optionally the replay
   buffer with its counters), saved as a flat dict ``{"leaf_00000": array, ...}`` in the leaf order
   of ``jax.tree_util``; the leaves' paths, shapes and dtypes are recorded in ``meta`` and checked
-  on restore, so a checkpoint never silently lands in a different structure;
+  on restore, so a checkpoint never silently lands in a different structure. A leaf of size zero
+  (DQN's n-step window with ``n_step=1``, say) is not written (orbax refuses empty arrays): its
+  record says ``"empty": true`` and the restore rebuilds it from its shape and dtype. Each written
+  leaf's record holds its ``checksum`` (:mod:`tianji_jax.checkpoint_verify`), verified on restore,
+  so corrupt array data raises instead of restoring silently wrong values;
 * ``meta`` (JSON): format version, algorithm, the config (``to_dict()``), package versions, env
   steps, updates done, the ``metrics.csv`` rows written so far (a resumed run rewrites
   ``metrics.csv`` from them and appends), whether the replay buffer is included
@@ -32,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +45,10 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["CheckpointError", "ConfigMismatchError", "RunCheckpointer", "Restored", "flatten_state",
-           "unflatten_state", "check_compatible", "FORMAT_VERSION", "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
+from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads
+
+__all__ = ["CheckpointError", "CorruptCheckpointError", "ConfigMismatchError", "RunCheckpointer", "Restored",
+           "flatten_state", "unflatten_state", "check_compatible", "FORMAT_VERSION", "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
 
 FORMAT_VERSION = 1
 """Version of the checkpoint layout written into ``meta["format"]``."""
@@ -49,7 +56,7 @@ FORMAT_VERSION = 1
 VERSION_CHECKED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnax")
 """Packages whose version must match between a run and its resume (they decide the bits computed)."""
 
-RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s"})
+RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s", "max_nonfinite_updates"})
 """Config fields that may differ between a run and its resume (they do not change what is computed)."""
 
 _NO_EVAL = -3.0e38  # ranking value of a checkpoint without an evaluation (BestN needs a number)
@@ -57,6 +64,21 @@ _NO_EVAL = -3.0e38  # ranking value of a checkpoint without an evaluation (BestN
 
 class CheckpointError(ValueError):
     """A directory that is not a run with checkpoints, or a checkpoint that cannot be read."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint whose files cannot be read or whose data fails its checksums (truncated,
+    garbled, bit-flipped). ``step`` is its env steps, ``reason`` one line saying what failed; a
+    resume falls back to an older checkpoint on this error."""
+
+    def __init__(self, directory: Path, step: int, reason: str):
+        super().__init__(f"checkpoint {directory / str(step)} is corrupt or unreadable: {reason}")
+        self.step, self.reason = int(step), reason
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a lost mount, ...): the run stops; the
+    message names the step that failed, the cause in one line and the last complete checkpoint."""
 
 
 class ConfigMismatchError(ValueError):
@@ -92,21 +114,25 @@ def flatten_state(state: Any, *, exclude_prefixes: tuple[str, ...] = ()) -> tupl
 
     Returns:
         ``(arrays, leaves)``: ``arrays`` maps ``"leaf_%05d"`` (index in tree order) to each kept leaf;
-        ``leaves`` lists ``{"path", "shape", "dtype", "saved"}`` for every leaf.
+        ``leaves`` lists ``{"path", "shape", "dtype", "saved"}`` for every leaf, plus
+        ``"empty": True`` for a leaf of size zero, which is never kept (nothing to write; its
+        shape and dtype rebuild it exactly).
     """
     arrays: dict[str, Any] = {}
     leaves = []
     for i, (path, x) in enumerate(_leaf_paths(state)):
-        saved = not any(path.startswith(p) for p in exclude_prefixes)
-        leaves.append({"path": path, "shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)), "saved": saved})
+        empty = int(np.prod(np.shape(x), dtype=np.int64)) == 0
+        saved = not empty and not any(path.startswith(p) for p in exclude_prefixes)
+        leaves.append({"path": path, "shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)), "saved": saved,
+                       **({"empty": True} if empty else {})})
         if saved:
             arrays[f"leaf_{i:05d}"] = x
     return arrays, leaves
 
 
 def unflatten_state(template: Any, arrays: dict[str, Any], leaves: list[dict]) -> Any:
-    """Inverse of :func:`flatten_state`: put ``arrays`` into ``template``'s structure; leaves that
-    were not saved keep the template's value.
+    """Inverse of :func:`flatten_state`: put ``arrays`` into ``template``'s structure; empty leaves
+    are rebuilt from their records, other leaves that were not saved keep the template's value.
 
     Raises:
         CheckpointError: the checkpoint's leaves (paths, shapes, dtypes) differ from the template's.
@@ -121,7 +147,10 @@ def unflatten_state(template: Any, arrays: dict[str, Any], leaves: list[dict]) -
         if rec["path"] != path or tuple(rec["shape"]) != tuple(np.shape(x)) or rec["dtype"] != str(np.dtype(x.dtype)):
             raise CheckpointError(f"checkpoint leaf {i} is {rec['path']} {tuple(rec['shape'])} {rec['dtype']}, the "
                                   f"train state expects {path} {tuple(np.shape(x))} {np.dtype(x.dtype)}")
-        out.append(arrays[f"leaf_{i:05d}"] if rec["saved"] else flat[i])
+        if rec.get("empty"):
+            out.append(np.zeros(tuple(rec["shape"]), np.dtype(rec["dtype"])))
+        else:
+            out.append(arrays[f"leaf_{i:05d}"] if rec["saved"] else flat[i])
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -230,6 +259,9 @@ class RunCheckpointer:
                 **multi)
             self._ocp = ocp
             self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._started: list[int] = []  # steps whose save was started
+        self._failed = False  # a save failed
+        self._absl_level: int | None = None  # absl's level before the first save (restored by a clean close)
         if read_only and not self.steps():
             raise CheckpointError(f"{str(run_dir)!r} holds no complete checkpoint in checkpoints/ "
                                   f"(found: {sorted(p.name for p in self.directory.iterdir())})")
@@ -256,13 +288,43 @@ class RunCheckpointer:
             exclude_prefixes: leaf paths left out (e.g. ``(".replay",)``).
         """
         arrays, leaves = flatten_state(state, exclude_prefixes=exclude_prefixes)
+        sums = leaf_checksums(arrays)  # before orbax copies the arrays (the state may be donated next)
+        for i, rec in enumerate(leaves):
+            if f"leaf_{i:05d}" in sums:
+                rec["checksum"] = sums[f"leaf_{i:05d}"]
         meta = {**meta, "format": FORMAT_VERSION, "step": int(step), "leaves": leaves,
                 "rows": _rows_to_json(meta.get("rows", []))}
         ocp = self._ocp
         rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
-        self._manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
-                                                              meta=ocp.args.JsonSave(meta)),
-                           metrics={"eval_return_mean": rank}, force=True)
+        self._silence_background()
+        with self._save_errors(step):  # also reports a failure of the previous, asynchronous save
+            self._manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                                  meta=ocp.args.JsonSave(meta)),
+                               metrics={"eval_return_mean": rank}, force=True)
+        self._started.append(int(step))
+
+    def _silence_background(self) -> None:
+        """orbax's writer threads log every failure with a traceback (absl ERROR), some long after
+        the call that started them; a failed save is reported once, by :class:`CheckpointSaveError`."""
+        logger = logging.getLogger("absl")
+        if self._absl_level is None:
+            self._absl_level = logger.level
+        logger.setLevel(logging.CRITICAL)
+
+    @contextlib.contextmanager
+    def _save_errors(self, step: int | None):
+        """Turn any exception of orbax's writing into one :class:`CheckpointSaveError` line."""
+        try:
+            with quiet_abandoned_reads():
+                yield
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore/OS raise many types
+            self._failed = True  # orbax's threads may still log it at exit: keep them silenced
+            failed = [st for st in self._started if st not in set(self.steps())] or ([step] if step is not None else [])
+            done = self.steps()
+            last = str(self.directory / str(done[-1])) if done else "none"
+            raise CheckpointSaveError(
+                f"checkpoint at env step {failed[-1] if failed else '?'} could not be written: {one_line(err)}; "
+                f"training stopped; last complete checkpoint: {last}") from None
 
     def read_meta(self, step: int | None = None) -> dict:
         """The metadata of checkpoint ``step`` (default: the latest).
@@ -276,9 +338,11 @@ class RunCheckpointer:
                 out = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))
             meta = out.meta
         except Exception as err:  # noqa: BLE001 - orbax raises many types; report one clear error
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt or unreadable: "
-                                  f"{type(err).__name__}: {str(err)[:300]}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or "leaves" not in meta:
+            raise CorruptCheckpointError(self.directory, step, f"metadata: {one_line(err)}") from None
+        if not isinstance(meta, dict):  # the metadata file is missing or emptied
+            raise CorruptCheckpointError(self.directory, step,
+                                         f"metadata: none could be read (got {type(meta).__name__})")
+        if meta.get("format") != FORMAT_VERSION or "leaves" not in meta:
             raise CheckpointError(f"checkpoint {self.directory / str(step)} has no tianji metadata of format "
                                   f"{FORMAT_VERSION}; not written by this version of tianji_jax")
         return meta
@@ -303,16 +367,31 @@ class RunCheckpointer:
                                                            sharding=sharding)
                     for i, rec in enumerate(meta["leaves"]) if rec["saved"]}
         try:
-            with _quiet():
+            with _quiet(), quiet_abandoned_reads():
                 out = self._manager.restore(step, args=self._ocp.args.Composite(
                     state=self._ocp.args.StandardRestore(abstract)))
             arrays = dict(out.state)
         except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt or unreadable: "
-                                  f"{type(err).__name__}: {str(err)[:300]}") from None
+            reason = f"array data: {one_line(err)}"
+            keys = [k for k in dict.fromkeys(re.findall(r"leaf_(\d{5})", reason)) if int(k) < len(meta["leaves"])]
+            if keys:  # name the leaves of the state
+                reason += " (" + ", ".join(f"leaf_{k} is {meta['leaves'][int(k)]['path']}" for k in keys) + ")"
+            raise CorruptCheckpointError(self.directory, step, reason) from None
+        self._verify(step, arrays, meta["leaves"])
         state = unflatten_state(template, arrays, meta["leaves"])
         state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else _materialise(x, device), state)
         return Restored(state=state, meta=meta, rows=_rows_from_json(meta.get("rows", [])), step=int(step))
+
+    def _verify(self, step: int, arrays: dict[str, Any], leaves: list[dict]) -> None:
+        """Compare the restored arrays' checksums with the recorded ones (records without one, from
+        checkpoints written before checksums, are not checked)."""
+        keyed = {f"leaf_{i:05d}": rec for i, rec in enumerate(leaves) if rec["saved"] and "checksum" in rec}
+        sums = leaf_checksums({k: arrays[k] for k in keyed if k in arrays})
+        for key, rec in keyed.items():
+            if key in sums and sums[key] != rec["checksum"]:
+                raise CorruptCheckpointError(self.directory, step,
+                                             f"leaf {rec['path']} ({key}) fails its checksum (recorded "
+                                             f"{rec['checksum']:08x}, read {sums[key]:08x}): its data is corrupt")
 
     def _pick(self, step: int | None) -> int:
         steps = self.steps()
@@ -325,14 +404,28 @@ class RunCheckpointer:
         return int(step)
 
     def wait(self) -> None:
-        """Block until every started save is written."""
-        self._manager.wait_until_finished()
+        """Block until every started save is written.
+
+        Raises:
+            CheckpointSaveError: a save failed.
+        """
+        with self._save_errors(None):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Finish pending saves and release the manager."""
-        with _quiet():
-            self._manager.wait_until_finished()
-            self._manager.close()
+        """Finish pending saves and release the manager.
+
+        Raises:
+            CheckpointSaveError: a pending save failed (the manager is released all the same).
+        """
+        try:
+            with _quiet(), self._save_errors(None):
+                self._manager.wait_until_finished()
+        finally:
+            with _quiet(), contextlib.suppress(Exception):
+                self._manager.close()
+        if self._absl_level is not None and not self._failed:  # clean close: orbax's threads are done, its logs may show again
+            logging.getLogger("absl").setLevel(self._absl_level)
 
 
 def _materialise(x: Any, device: Any) -> jax.Array:

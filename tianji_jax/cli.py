@@ -83,6 +83,37 @@ def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
     return value
 
 
+def _whole_floats_to_ints(argv: list[str]) -> list[str]:
+    """``argv`` with the whole-number float values of int options written as ints (``--total-env-steps 1e6``
+    -> ``1000000``), as the configs accept ``1e6`` for an int field; other values are left to the parser."""
+    import dataclasses
+
+    names = {f.name for cls in (PPOConfig, DQNConfig, CheckpointConfig) for f in dataclasses.fields(cls)
+             if f.type in ("int", "int | None")}
+    flags = {f"--{n}" for n in names} | {f"--{n.replace('_', '-')}" for n in names}
+
+    def whole(value: str) -> str:
+        try:
+            int(value)
+            return value
+        except ValueError:
+            pass
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return str(int(number)) if number.is_integer() else value
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag in flags and eq:
+            out[i] = f"{flag}={whole(value)}"
+        elif arg in flags and i + 1 < len(out):
+            out[i + 1] = whole(out[i + 1])
+    return out
+
+
 def _algo_of(argv: list[str]) -> str:
     """The value of ``--algo`` in ``argv`` (``--algo X`` or ``--algo=X``; the last one wins), default 'ppo'."""
     return _flag_value(argv, "--algo", "ppo")
@@ -165,6 +196,7 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
 
 
 def _train(argv: list[str]) -> int:
+    argv = _whole_floats_to_ints(argv)
     if "--help" not in argv and "-h" not in argv:
         status = _multi_host(argv)
         if status is not None:
@@ -198,19 +230,30 @@ def _train(argv: list[str]) -> int:
         extras["profile"] = True
     print(config.describe(), flush=True)
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
+    started = time.time()
     try:
         result = train(config, run_dir=run_dir, progress=args.progress, **extras)
     except (FileExistsError, NotADirectoryError, CheckpointError, ValueError, ImportError) as err:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then
+        from tianji_jax.run_status import interrupt_message
+
         resumable = getattr(config, "num_processes", 1) == 1 and getattr(config, "num_learner_groups", 1) == 1
-        print(f"tianji train: interrupted; {run_dir} keeps the metrics and checkpoints written so far "
-              + (f"(continue the run with: tianji train --resume {run_dir})" if resumable else
-                 "(runs with several processes or learner groups cannot be resumed yet)"), file=sys.stderr)
+        if args.resume is not None:  # a resume that fell back to an older checkpoint went on in a new directory
+            from tianji_jax.checkpoint_verify import continued_in
+
+            run_dir = continued_in(run_dir, started) or run_dir
+        print(interrupt_message(run_dir, resumable), file=sys.stderr)
         return 130
     curve = result.curve
     last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
+    if getattr(result, "already_finished", False):
+        print(f"nothing to do: the run in {result.run_dir or run_dir} had already finished at "
+              f"{int(last.get('env_steps', 0))} env steps"
+              + (" (stopped at --stop-at-return)" if result.stopped_early else "") + "; its last row: eval_return_mean "
+              f"{last.get('eval_return_mean', float('nan')):.1f}", flush=True)
+        return 0
     print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s; "
           f"episode_return_mean {last.get('episode_return_mean', float('nan')):.1f}, "
           f"eval_return_mean {last.get('eval_return_mean', float('nan')):.1f}"

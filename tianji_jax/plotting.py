@@ -84,7 +84,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
         pyplot: in a notebook, display it as a cell's value or with ``IPython.display.display``.
 
     Raises:
-        ValueError: no run directory, or ``labels`` of the wrong length.
+        ValueError: no run directory, ``labels`` of the wrong length, or a run whose ``metrics.csv``
+            has no rows yet (nothing is written then).
         FileNotFoundError: a directory without ``metrics.csv``.
         ImportError: matplotlib (an optional dependency) is not installed.
     """
@@ -100,6 +101,10 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, lab
         raise ValueError(f"labels has {len(labels)} entries, run_dirs {len(run_dirs)}; they must match")
     labels = list(labels) if labels is not None else [d.name or str(d) for d in run_dirs]
     runs = [read_metrics(d) for d in run_dirs]
+    empty = [str(d) for d, m in zip(run_dirs, runs) if not len(m["env_steps"])]
+    if empty:
+        raise ValueError(f"nothing to plot: metrics.csv of {', '.join(empty)} has no rows yet (the run logged no "
+                         "chunk)")
     async_runs = [(lab, m) for d, lab, m in zip(run_dirs, labels, runs) if _is_async(d, m)]
     n_panels = 3 if async_runs else 2
     fig = Figure(figsize=(5.5 * n_panels, 4.2), layout="constrained")

@@ -18,7 +18,10 @@ from tianji_jax.evaluation import EvalResult, make_evaluate
 from tianji_jax.logging import CSVLogger, MetricsSink, ProgressDisplay, TensorBoardLogger
 from tianji_jax.profiling import phase, timed
 from tianji_jax.provenance import provenance
-from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, make_train
+from tianji_jax.run_status import check_new_run_dir, report_end
+from tianji_jax.state_check import check_params_match
+from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, shared_train as make_train
+from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
@@ -29,7 +32,7 @@ METRIC_COLUMNS = (
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
     "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "lost_chunks", "actor_wait_frac", "learner_wait_frac", "queue_depth",
     "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
-    "epsilon", "replay_ratio_observed", "td_loss", "q_mean",
+    "epsilon", "replay_ratio_observed", "td_loss", "q_mean", "nonfinite_skips",
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
 far; ``wall_time_s`` is seconds since ``train`` started; ``sps`` is env steps per second over the
@@ -60,7 +63,10 @@ learning has started, 0 before ``learning_starts``), ``td_loss`` (DQN's loss: me
 chunk's gradient updates; DQN leaves ``policy_loss``/``value_loss``/``entropy``/``approx_kl``/
 ``clip_fraction`` empty), ``q_mean`` (mean online ``Q(s, a)`` of the sampled transitions); for DQN
 ``update`` is the policy version (learner blocks run), ``grad_norm`` is before clipping and
-``policy_lag_*`` is the age in versions of the sampled replay items (many by design)."""
+``policy_lag_*`` is the age in versions of the sampled replay items (many by design).
+Every algorithm: ``nonfinite_skips`` (gradient steps of the chunk skipped because their loss or
+gradient was not finite; params and optimizer state were left as they were; after
+``max_nonfinite_updates`` consecutive updates with a skip the run stops with an error)."""
 
 
 @dataclass
@@ -75,6 +81,7 @@ class TrainResult:
             float64 numpy array (NaN where a value is missing).
         run_dir: the run directory, or None.
         stopped_early: True when ``stop_at_return`` was reached.
+        already_finished: True when ``resume`` found the run finished: nothing was trained.
     """
 
     config: PPOConfig
@@ -82,6 +89,7 @@ class TrainResult:
     curve: dict[str, np.ndarray] = field(default_factory=dict)
     run_dir: Path | None = None
     stopped_early: bool = False
+    already_finished: bool = False
 
     @property
     def params(self) -> Any:
@@ -114,12 +122,14 @@ def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10,
         An :class:`~tianji_jax.evaluation.EvalResult` with ``returns`` and ``lengths`` shaped ``(M,)``.
 
     Raises:
-        ValueError: ``num_episodes < 1`` or a seed outside [0, 2**32).
+        ValueError: ``num_episodes < 1``, a seed outside [0, 2**32), or a ``state`` whose params do not
+            fit ``config``'s network (the message names the leaf, both shapes and the likely field).
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes must be an int >= 1, got {num_episodes!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    check_params_match(config, state.params)
     if isinstance(config, DQNConfig):  # greedy policy of the online Q-network
         return _evaluate_dqn(config, state, num_episodes, seed)
     trainer = make_train(config)
@@ -166,7 +176,10 @@ def train(
     chunk) and after the last one, asynchronously. ``resume=True`` continues the run in ``run_dir``
     from its latest complete checkpoint: ``metrics.csv`` is rewritten with the checkpoint's rows and
     appended to, and an Anakin run on gymnax then gives bit-for-bit the params, counters and
-    metrics (all but the timing columns) of an uninterrupted run.
+    metrics (all but the timing columns) of an uninterrupted run. A corrupt newest checkpoint
+    (unreadable, or failing its checksums) is skipped with one line on stderr; resuming from an
+    older one continues in a new directory, ``<run_dir>-from-<step>``, leaving ``run_dir`` as it is
+    (:mod:`tianji_jax.checkpoint_verify`; the result's ``run_dir`` names it).
 
     Async runs checkpoint a consistent cut taken in the learner thread right after a publication:
     the learner state of version ``v`` (params, optimizer state, key, version), each gymnax
@@ -194,7 +207,8 @@ def train(
         run_dir: if given, receives ``config.json`` (the resolved config with derived sizes),
             ``provenance.json``, ``metrics.csv``, ``checkpoints/``, ``tensorboard/`` and
             ``final_params/`` (orbax).
-        progress: show a progress bar on stderr; default: when stderr is a terminal.
+        progress: show a progress bar on stderr; default: when stderr is a terminal (when it is
+            not, one summary line is printed there at the end: ``run_status.summary_line``).
         callback: called with each row (a dict) after it is logged and checkpointed.
         resume: continue the run in ``run_dir`` (needs ``run_dir``).
         checkpoint: a :class:`~tianji_jax.config.CheckpointConfig`; default ``CheckpointConfig()``,
@@ -214,14 +228,14 @@ def train(
 
     Raises:
         TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
-        FileExistsError: ``run_dir`` already holds a run and ``resume`` is False (a run directory
-            is never overwritten).
+        FileExistsError: ``run_dir`` already holds a run (``metrics.csv`` rows or checkpoints) and
+            ``resume`` is False (a run directory is never overwritten; one without either is reused).
         NotADirectoryError: ``run_dir`` is an existing file.
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
             by a multi-host async run or one with learner groups (or an older tianji_jax without
             async resume), or (DQN)
             without its replay buffer.
-        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no (readable) checkpoint.
+        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).
         ImportError: ``wandb=True`` without the ``wandb`` package.
@@ -244,12 +258,11 @@ def train(
         raise ValueError("wandb=True needs run_dir")
     if profile and run_dir is None:
         raise ValueError("profile=True needs run_dir (the trace and timers.json go to run_dir/profile/)")
-    if profile and not resume and (Path(run_dir) / "metrics.csv").exists():  # before the trace touches it
-        raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new "
-                              "directory or resume it")
+    if profile and not resume:  # before the trace touches it
+        check_new_run_dir(run_dir)
     opts = dict(run_dir=run_dir, progress=progress, callback=callback, resume=resume, checkpoint=checkpoint,
                 tensorboard=tensorboard, wandb=wandb, check_versions=check_versions)
-    run = _train_dqn if isinstance(config, DQNConfig) else _train_ppo
+    run = report_end(_train_dqn if isinstance(config, DQNConfig) else _train_ppo)  # a summary line off a terminal
     if not profile:
         return run(config, **opts)
     from tianji_jax.profiling import profile_run
@@ -269,6 +282,7 @@ class _RunFiles:
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
                  resumable: bool):
         from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint_verify import restore_for_resume
 
         self.config, self.algo, self.resumable = config, algo, resumable
         self.ckpt_cfg = checkpoint if checkpoint is not None else CheckpointConfig()
@@ -285,40 +299,38 @@ class _RunFiles:
             return
         run_dir = self.run_dir
         if resume:
-            reader = ckpt.RunCheckpointer(run_dir, read_only=True)  # clear errors for a missing / empty directory
-            try:
-                meta = reader.read_meta()
-            finally:
-                reader.close()
+            def check(meta: dict) -> None:  # a checkpoint this config cannot continue (raised, not skipped)
+                if meta.get("algo") != algo:
+                    raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, "
+                                                   f"the config given is {algo!r}")
+                ckpt.check_compatible(meta["config"], self.config_dict,
+                                      meta.get("packages") if check_versions else None,
+                                      self.packages if check_versions else None)
+                if not meta.get("resumable", False):
+                    groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
+                    why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
+                           f"written by a multi-host async run (num_processes={procs})" if procs > 1 else
+                           "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
+                    raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
+                                     "tianji_jax.load and tianji eval. Allowed: resume single-process runs without "
+                                     "learner groups, written by this version")
+                if algo == "dqn" and not meta.get("includes_replay", False):
+                    raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
+                                     "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
+
+            # the newest intact checkpoint; an older one than the newest continues in a new directory
+            self.restored, run_dir = restore_for_resume(run_dir, lambda m: _state_template(
+                config, m.get("has_actor", True), m.get("stacked_actors", 0)), check)
+            self.run_dir, meta = run_dir, self.restored.meta
             if checkpoint is None and isinstance(meta.get("checkpoint"), dict):  # the run's own settings
                 self.ckpt_cfg = CheckpointConfig(**meta["checkpoint"])
             self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
-            if meta.get("algo") != algo:
-                raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, the "
-                                               f"config given is {algo!r}")
-            ckpt.check_compatible(meta["config"], self.config_dict, meta.get("packages") if check_versions else None,
-                                  self.packages if check_versions else None)
-            if not meta.get("resumable", False):
-                groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
-                why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
-                       f"written by a multi-host async run (num_processes={procs})" if procs > 1 else
-                       "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
-                raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
-                                 "tianji_jax.load and tianji eval. Allowed: resume single-process runs without "
-                                 "learner groups, written by this version")
-            if algo == "dqn" and not meta.get("includes_replay", False):
-                raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
-                                 "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
-            self.restored = self.ckptr.restore(
-                _state_template(config, meta.get("has_actor", True), meta.get("stacked_actors", 0)), meta=meta)
             self.rows = list(self.restored.rows)
             self.last_saved = self.restored.step
             self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
             _write_json(run_dir / f"provenance_resume_{self.restored.step}.json", provenance())
         else:
-            if (run_dir / "metrics.csv").exists():
-                raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run (metrics.csv); choose a new "
-                                      "directory or resume it")
+            check_new_run_dir(run_dir)  # rows or checkpoints; a run stopped before its first row may start again
             run_dir.mkdir(parents=True, exist_ok=True)
             resolved = {**self.config_dict, "derived": derived, "description": config.describe()}
             _write_json(run_dir / "config.json", resolved)
@@ -381,6 +393,13 @@ class _RunFiles:
                             exclude_prefixes=exclude)
         self.last_saved = env_steps
 
+    def last_checkpoint(self, env_steps: int) -> str | None:
+        """The directory of the newest complete checkpoint at or before ``env_steps``, or None."""
+        if self.ckptr is None:
+            return None
+        steps = [st for st in self.ckptr.steps() if st <= env_steps]
+        return str(self.ckptr.directory / str(steps[-1])) if steps else None
+
     def close(self) -> None:
         """Finish pending checkpoint writes, close the loggers."""
         try:
@@ -393,7 +412,8 @@ class _RunFiles:
 
     def result(self, state: Any, stopped: bool) -> TrainResult:
         curve = {c: np.asarray([r.get(c, math.nan) for r in self.rows], np.float64) for c in METRIC_COLUMNS}
-        return TrainResult(config=self.config, state=state, curve=curve, run_dir=self.run_dir, stopped_early=stopped)
+        return TrainResult(config=self.config, state=state, curve=curve, run_dir=self.run_dir, stopped_early=stopped,
+                           already_finished=self.finished)
 
 
 def _train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
@@ -447,10 +467,16 @@ def _make_emit(config: PPOConfig | DQNConfig, files: _RunFiles, display: Progres
     evaluates ``params`` greedily (``evaluator(params, obs_rms, key) -> (returns, lengths)``, key
     folded from the seed and the row index; None: no evaluation) into ``eval_return_mean`` /
     ``eval_return_std``, stamps ``wall_time_s`` (seconds since ``start``, plus the restored run's),
-    logs the row and updates the progress display. Returns True when ``config.stop_at_return``
-    is reached."""
+    logs the row and updates the progress display. ``skips`` (the per-update ``nonfinite_skips``
+    of the row, in order) goes into the row's column and a :class:`NonFiniteMonitor`, which raises
+    :class:`NonFiniteError` after the row is logged once ``max_nonfinite_updates`` consecutive
+    updates skipped a step. Returns True when ``config.stop_at_return`` is reached."""
+    monitor = NonFiniteMonitor(config.max_nonfinite_updates, files.last_checkpoint)
+    if files.rows:
+        monitor.prev_env_steps, monitor.prev_update = int(files.rows[-1]["env_steps"]), int(files.rows[-1]["update"])
 
-    def emit(row: dict[str, float], params: Any, obs_rms: Any) -> bool:
+    def emit(row: dict[str, float], params: Any, obs_rms: Any, skips: np.ndarray) -> bool:
+        row["nonfinite_skips"] = int(np.sum(skips))
         if evaluator is not None:
             eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
             returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
@@ -460,6 +486,7 @@ def _make_emit(config: PPOConfig | DQNConfig, files: _RunFiles, display: Progres
         files.log(row)
         display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
                        row.get("policy_lag_mean", math.nan))
+        monitor.observe(skips, row)
         return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
 
     return emit
@@ -487,7 +514,7 @@ def _run_anakin(trainer: Callable, tail: TailCompile | None, state: Any, done: i
             if tail is not None:
                 tail.after_chunk(state, seconds, (total - done) // chunk_u)
             row = make_row(m, done, k * steps_per_unit / seconds)
-            stopped = emit(row, state.params, getattr(state, "obs_rms", None))  # DQN has no obs_rms
+            stopped = emit(row, state.params, getattr(state, "obs_rms", None), m["nonfinite_skips"])  # DQN: no obs_rms
             files.maybe_save(state, done * steps_per_unit, {"stopped_early": stopped},
                              finished=stopped or done >= total)
             if callback is not None:
@@ -594,7 +621,7 @@ def _run_async(config: PPOConfig, emit: Callable[..., bool], files: _RunFiles,
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
         obs_rms = (jax.device_put(actors[group].obs_rms, ppo.eval_sharding if group == 0 else ppo.group_devices[group])
                    if actors[0] is not None else None)
-        stop = emit(row, learner.params, obs_rms)
+        stop = emit(row, learner.params, obs_rms, m["nonfinite_skips"])
         saved = PPOTrainState(_stack_actors(actors), learner)
         files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
                          {"stopped_early": stop, "has_actor": actors[0] is not None,
@@ -728,7 +755,7 @@ def _state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stack
     several actors)."""
     key = jax.random.PRNGKey(config.seed)
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import DQNTrainState, make_dqn_train
+        from tianji_jax.runtime.dqn_anakin import DQNTrainState, shared_dqn_train as make_dqn_train
 
         trainer = make_dqn_train(config)
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
@@ -791,7 +818,8 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
     Args:
         run_dir: a run directory written by :func:`train` (``config.json`` + ``checkpoints/``).
         step: env steps of the checkpoint (``LoadedRun.meta`` / the directory names under
-            ``checkpoints/``); default: the latest complete one.
+            ``checkpoints/``); default: the latest intact one (a newer corrupt one is skipped
+            with a one-line ``checkpoint <step> skipped: <reason>`` on stderr).
         config: the run's config, needed only when it used an environment object (config.json
             cannot rebuild it).
 
@@ -800,8 +828,8 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
 
     Raises:
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` is not a run directory, holds no complete
-            checkpoint, has no checkpoint at ``step``, or the checkpoint is corrupt (a clear
-            message; no orbax traceback).
+            checkpoint, has no checkpoint at ``step``, or the checkpoint (``step``, else every one)
+            is corrupt (a one-line message; no orbax traceback).
     """
     from tianji_jax import checkpoint as ckpt
 
@@ -815,14 +843,15 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
             raise ckpt.CheckpointError(str(err)) from None
         except (ValueError, TypeError) as err:
             raise ckpt.CheckpointError(f"{run_dir / 'config.json'}: {err}") from None
+    from tianji_jax.checkpoint_verify import restore_newest_intact
+
     ckptr = ckpt.RunCheckpointer(run_dir, read_only=True)
-    try:
-        meta = ckptr.read_meta(step)
-        stacked = meta.get("stacked_actors", 0)
-        restored = ckptr.restore(_state_template(config, meta.get("has_actor", True), stacked), step=meta["step"],
-                                 meta=meta)
+    try:  # without a step: the newest intact checkpoint (a corrupt newer one is reported on stderr)
+        restored, _ = restore_newest_intact(ckptr, lambda m: _state_template(
+            config, m.get("has_actor", True), m.get("stacked_actors", 0)), step=step)
     finally:
         ckptr.close()
+    meta, stacked = restored.meta, restored.meta.get("stacked_actors", 0)
     state = restored.state
     if stacked:  # an async run with several actors: actor 0's state (all of them are in the checkpoint)
         state = state.replace(actor=_unstack_actors(state.actor, stacked)[0])
@@ -837,7 +866,7 @@ def _dqn_evaluator(config: DQNConfig, num_episodes: int):
     Mnih et al. 2015; ``obs_rms`` unused, as in PPO's signature) on ``num_episodes`` separate envs
     (a separate host env for envpool/gymnasium)."""
     from tianji_jax.evaluation import make_policy_evaluate
-    from tianji_jax.runtime.dqn_anakin import dqn_compile_key, make_dqn_train
+    from tianji_jax.runtime.dqn_anakin import dqn_compile_key, shared_dqn_train as make_dqn_train
 
     trainer = make_dqn_train(config)
     if config.env_spec.on_host:
@@ -889,7 +918,7 @@ def _train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkp
     ``iterations_per_chunk`` iterations (act -> insert -> learn), a row of :data:`METRIC_COLUMNS`
     after each, greedy evaluation, checkpoints, early stopping; the same run-directory files as PPO
     (``config.json`` with ``"algo": "dqn"``)."""
-    from tianji_jax.runtime.dqn_anakin import make_dqn_train
+    from tianji_jax.runtime.dqn_anakin import shared_dqn_train as make_dqn_train
 
     start = time.perf_counter()
     n_iter, chunk_u = config.num_iterations, config.iterations_per_chunk
@@ -978,7 +1007,7 @@ def _run_async_dqn(config: DQNConfig, files: _RunFiles, emit: Callable[..., bool
         last.clear()
         last.update(snap)
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
-        stopped[0] = emit(row, learner.params, None)
+        stopped[0] = emit(row, learner.params, None, m["nonfinite_skips"])
         actors = snap["cut"]["actors"]
         state = DQNTrainState(_stack_actors(actors), learner, replay_copy)
         files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],

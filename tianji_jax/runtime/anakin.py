@@ -121,7 +121,7 @@ def compile_key(config: PPOConfig) -> PPOConfig:
     return config.replace(seed=0, stop_at_return=None, runtime=runtime, schedule="relaxed", max_policy_lag=None,
                           num_actors=1, queue_batches=2, stall_timeout_s=60.0, env_batch_size=None,
                           num_learner_devices=1, actor_backend="threads", ray_address=None,
-                          ray_max_restarts=3, num_learner_groups=1, sync_every=1, **multi)
+                          ray_max_restarts=3, num_learner_groups=1, sync_every=1, max_nonfinite_updates=5, **multi)
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:
@@ -138,7 +138,8 @@ def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAn
         object, so a second run in a process (any seed) compiles nothing.
 
     Raises:
-        ValueError: ``updates_per_chunk < 1``.
+        ValueError: ``updates_per_chunk < 1``, or ``config.runtime`` is not ``'anakin'`` (the async
+            runtime's actors and learner run through :func:`tianji_jax.train`).
         TypeError: ``config`` is not a :class:`PPOConfig`.
 
     Example::
@@ -146,6 +147,19 @@ def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAn
         trainer = make_train(PPOConfig(), updates_per_chunk=3)
         states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 4))
         states, metrics = jax.vmap(trainer.chunk)(states)   # metrics: (4, 3) arrays
+    """
+    if isinstance(config, PPOConfig) and config.runtime != "anakin":
+        raise ValueError(f"make_train builds the Anakin runtime only; got runtime={config.runtime!r}. Allowed: "
+                         "runtime='anakin', or run the async runtime with tianji_jax.train(config)")
+    return shared_train(config, updates_per_chunk)
+
+
+def shared_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:
+    """:func:`make_train` for a config of any ``runtime``: the async runtime shares the Anakin
+    trainer's network, learner initialisation and evaluator (``tianji_jax.train`` builds them here).
+
+    Raises:
+        ValueError / TypeError: as :func:`make_train`, the runtime aside.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")

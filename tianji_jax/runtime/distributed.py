@@ -44,6 +44,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tianji_jax.config_checks import check_coordinator  # re-exported: the config validates it too
+
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
            "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "Watchdog", "supervise",
            "CHILD_ENV", "EXIT_PEER_DEAD"]
@@ -60,20 +62,6 @@ def log(msg: str) -> None:
     """One ``tianji[pI]:`` line on stderr, flushed."""
     pid = os.environ.get("TIANJI_PROCESS_ID", "?")
     print(f"{_LOG_PREFIX}[p{pid}]: {msg}", file=sys.stderr, flush=True)
-
-
-def check_coordinator(coordinator: Any) -> tuple[str, int]:
-    """``(host, port)`` from ``"HOST:PORT"``.
-
-    Raises:
-        ValueError: not of the form ``HOST:PORT`` with a port in 1..65535.
-    """
-    if not isinstance(coordinator, str) or ":" not in coordinator:
-        raise ValueError(f"coordinator must be 'HOST:PORT' (e.g. '10.0.0.1:12345'), got {coordinator!r}")
-    host, _, port = coordinator.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"coordinator must be 'HOST:PORT' with a port in 1..65535, got {coordinator!r}")
-    return host, int(port)
 
 
 def is_initialized() -> bool:

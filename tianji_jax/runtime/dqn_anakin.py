@@ -24,7 +24,8 @@ from tianji_jax.runtime.dqn_parts import DQNActorState, DQNLearnerState, DQNPart
 
 __all__ = ["DQNTrainState", "DQNAnakin", "make_dqn_train", "dqn_compile_key"]
 
-_LEARN_METRICS = ("td_loss", "q_mean", "grad_norm", "policy_lag_mean", "policy_lag_max")
+_LEARN_METRICS = ("td_loss", "q_mean", "grad_norm", "policy_lag_mean", "policy_lag_max", "nonfinite_skips")
+_INT_METRICS = ("policy_lag_max", "nonfinite_skips")
 
 
 @struct.dataclass
@@ -83,7 +84,8 @@ class DQNAnakin(DQNParts):
             by the actor), ``env_steps`` (int32 after the iteration), ``learned`` (bool: a
             learner block ran), ``gradient_steps`` (int32 updates in the iteration: 0 or
             ``updates_per_step``), ``replay_size`` (int32), and the learner's ``td_loss``,
-            ``q_mean``, ``grad_norm``, ``policy_lag_mean``, ``policy_lag_max`` (0 where it did not learn).
+            ``q_mean``, ``grad_norm``, ``policy_lag_mean``, ``policy_lag_max``, ``nonfinite_skips`` (0 where
+            it did not learn).
 
     Raises:
         ValueError: ``iterations_per_chunk < 1``.
@@ -121,7 +123,7 @@ class DQNAnakin(DQNParts):
 
         def skip(operand):
             lrn, rs_ = operand
-            zeros = {k: jnp.zeros((), jnp.int32 if k == "policy_lag_max" else jnp.float32) for k in _LEARN_METRICS}
+            zeros = {k: jnp.zeros((), jnp.int32 if k in _INT_METRICS else jnp.float32) for k in _LEARN_METRICS}
             return lrn, rs_, zeros
 
         learner, rs, learn_metrics = jax.lax.cond(learn_now, do_learn, skip, (learner, rs))
@@ -151,7 +153,8 @@ def dqn_compile_key(config: DQNConfig) -> DQNConfig:
     compiled rollout by async actors, so ``num_actors`` does not enter the key."""
     runtime = "async" if config.env_spec.on_host else "anakin"
     return config.replace(seed=0, stop_at_return=None, runtime=runtime, max_policy_lag=4, num_actors=1,
-                          stall_timeout_s=60.0, env_batch_size=None, schedule="relaxed")
+                          stall_timeout_s=60.0, env_batch_size=None, schedule="relaxed",
+                          max_nonfinite_updates=5)
 
 
 def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:
@@ -167,7 +170,8 @@ def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -
         run in a process compiles nothing.
 
     Raises:
-        ValueError: ``iterations_per_chunk < 1``.
+        ValueError: ``iterations_per_chunk < 1``, or ``config.runtime`` is not ``'anakin'`` (the
+            async runtime's actors and learner run through :func:`tianji_jax.train`).
         TypeError: ``config`` is not a :class:`DQNConfig`.
 
     Example::
@@ -175,6 +179,20 @@ def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -
         trainer = make_dqn_train(DQNConfig(), iterations_per_chunk=100)
         states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 4))
         states, metrics = jax.jit(jax.vmap(trainer.chunk))(states)   # metrics: (4, 100) arrays
+    """
+    if isinstance(config, DQNConfig) and config.runtime != "anakin":
+        raise ValueError(f"make_dqn_train builds the Anakin runtime only; got runtime={config.runtime!r}. Allowed: "
+                         "runtime='anakin', or run the async runtime with tianji_jax.train(config)")
+    return shared_dqn_train(config, iterations_per_chunk)
+
+
+def shared_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:
+    """:func:`make_dqn_train` for a config of any ``runtime``: the async runtime shares the Anakin
+    trainer's network, learner and replay initialisation and greedy policy (``tianji_jax.train``
+    builds them here).
+
+    Raises:
+        ValueError / TypeError: as :func:`make_dqn_train`, the runtime aside.
     """
     if not isinstance(config, DQNConfig):
         raise TypeError(f"config must be a DQNConfig, got {type(config).__name__}")

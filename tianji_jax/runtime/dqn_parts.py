@@ -38,7 +38,8 @@ from tianji_jax import frame_replay, replay
 from tianji_jax.algos import dqn
 from tianji_jax.config import DQNConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
-from tianji_jax.networks import QNetwork
+from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.networks import QNetwork, check_network, choose_torso
 
 __all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "HISTORY_KEYS", "FRAME_KEYS", "actor_epsilons", "window_transitions", "make_q_network", "make_dqn_optimizer"]
 
@@ -89,12 +90,21 @@ class DQNLearnerState:
 
 
 def make_q_network(config: DQNConfig) -> QNetwork:
-    """The :class:`~tianji_jax.networks.QNetwork` for ``config``'s env (``A = action_space.n``): the
-    Nature CNN torso for image observations ``(C, H, W)`` (Atari frame stacks, as PPO chooses it),
-    else the MLP of ``hidden_sizes``."""
-    torso = "nature_cnn" if len(config.env_spec.observation_shape) == 3 else "mlp"
-    return QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
-                    activation=config.activation, dueling=config.dueling, torso=torso)
+    """The :class:`~tianji_jax.networks.QNetwork` for ``config``'s env (``A = action_space.n``), its
+    torso chosen from the observation's layout and size as PPO's
+    (:func:`~tianji_jax.networks.choose_torso`: Nature CNN for Atari frame stacks, the small CNN
+    for MinAtar-like images, else the MLP of ``hidden_sizes``).
+
+    Raises:
+        ValueError: the network's parameters would hold a zero-size array for this observation
+            shape (:func:`~tianji_jax.networks.check_network`).
+    """
+    shape = tuple(config.env_spec.observation_shape)
+    network = QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
+                       activation=config.activation, dueling=config.dueling, torso=choose_torso(shape),
+                       obs_shape=shape)
+    check_network(network, shape, config.env_spec.observation_space.dtype)
+    return network
 
 
 FRAME_KEYS = ("obs", "final_frame", "action", "reward", "terminated", "truncated", "policy_version", "start")
@@ -464,7 +474,10 @@ class DQNParts:
             ``(learner, replay_state, metrics)``; metrics are float32 scalars, means over the
             block's updates: ``td_loss``, ``q_mean`` (mean ``Q(s, a)`` of the sampled actions),
             ``grad_norm`` (before clipping), ``policy_lag_mean`` and int32 ``policy_lag_max``
-            (learner version minus the sampled items' stamps, computed here).
+            (learner version minus the sampled items' stamps, computed here), and int32
+            ``nonfinite_skips`` (the block's updates skipped because their loss or gradient was
+            not finite: params, optimizer state and priorities left as they were; see
+            :mod:`tianji_jax.algos.guard`).
         """
         cfg = self.config
         beta = self.per_beta(env_steps)
@@ -483,21 +496,24 @@ class DQNParts:
                 batch = s.item
             (loss, (td, q_a)), grads = jax.value_and_grad(self._loss, has_aux=True)(
                 lrn.params, lrn.target_params, batch, s.weights if cfg.prioritized else None)
-            updates, opt_state = self.tx.update(grads, lrn.opt_state, lrn.params)
-            params = optax.apply_updates(lrn.params, updates)
+            finite = all_finite(loss, grads)  # else: no step, no priority update (index -1 is ignored)
+            params, opt_state = guarded_apply(self.tx, grads, lrn.opt_state, lrn.params, finite)
             steps = lrn.gradient_steps + 1
             if cfg.target_update_period is not None:
                 target = dqn.periodic_hard_update(lrn.target_params, params, steps, cfg.target_update_period)
             else:
                 target = dqn.polyak_update(lrn.target_params, params, cfg.tau)
-            if cfg.prioritized and self.frame_replay:
-                rs = frame_replay.update_priorities(rs, s.indices, s.step, td, cfg.per_alpha, _PER_EPS)
-            elif cfg.prioritized:
-                rs = replay.update_priorities(rs, s.indices, td, cfg.per_alpha, _PER_EPS,
-                                              insert_index=s.insert_index)
+            if cfg.prioritized:
+                indices = jnp.where(finite, s.indices, -1)
+                if self.frame_replay:
+                    rs = frame_replay.update_priorities(rs, indices, s.step, td, cfg.per_alpha, _PER_EPS)
+                else:
+                    rs = replay.update_priorities(rs, indices, td, cfg.per_alpha, _PER_EPS,
+                                                  insert_index=s.insert_index)
             lag = lrn.version - s.policy_version
             metrics = {"td_loss": loss, "q_mean": jnp.mean(q_a), "grad_norm": optax.tree.norm(grads),
-                       "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)), "policy_lag_max": jnp.max(lag)}
+                       "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)), "policy_lag_max": jnp.max(lag),
+                       SKIP_METRIC: (~finite).astype(jnp.int32)}
             return (DQNLearnerState(params, target, opt_state, key, lrn.version, steps), rs), metrics
 
         # XLA:CPU runs convolutions inside a while loop (lax.scan, even unroll=True) ~5-15x slower
@@ -512,5 +528,6 @@ class DQNParts:
         else:
             (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None,
                                                       length=cfg.updates_per_step)
-        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.mean(v)) for k, v in m.items()}
+        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == SKIP_METRIC else jnp.mean(v))
+                   for k, v in m.items()}
         return learner.replace(version=learner.version + 1), replay_state, metrics

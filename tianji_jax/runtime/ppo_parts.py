@@ -18,7 +18,7 @@ from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.algos.ppo import PPOBatch, gae, make_optimizer, ppo_update, vtrace
 from tianji_jax.config import PPOConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
-from tianji_jax.networks import ActorCritic
+from tianji_jax.networks import ActorCritic, check_network, choose_torso
 
 __all__ = ["ActorState", "LearnerState", "PPOParts", "make_network"]
 
@@ -60,14 +60,21 @@ class LearnerState:
 
 
 def make_network(config: PPOConfig) -> ActorCritic:
-    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box); the
-    Nature CNN torso for rank-3 (``C, H, W``) observations such as envpool Atari, else MLPs."""
+    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box), its torso
+    chosen from the observation's layout and size (:func:`~tianji_jax.networks.choose_torso`).
+
+    Raises:
+        ValueError: the network's parameters would hold a zero-size array for this observation
+            shape (:func:`~tianji_jax.networks.check_network`).
+    """
     spec = config.env_spec
     continuous = spec.action_kind == "continuous"
     action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
-    torso = "nature_cnn" if len(spec.observation_shape) == 3 else "mlp"  # image frames (Atari)
-    return ActorCritic(action_dim=action_dim, continuous=continuous,
-                       hidden_sizes=tuple(config.hidden_sizes), activation=config.activation, torso=torso)
+    shape = tuple(spec.observation_shape)
+    network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
+                          activation=config.activation, torso=choose_torso(shape), obs_shape=shape)
+    check_network(network, shape, spec.observation_space.dtype)
+    return network
 
 
 class PPOParts:
@@ -258,5 +265,5 @@ class PPOParts:
             metrics = {k: (jax.lax.pmax(v, axis_name) if k == "policy_lag_max" else
                            jax.lax.pmean(v, axis_name) if k == "policy_lag_mean" else jax.lax.psum(v, axis_name))
                        for k, v in metrics.items()}
-        metrics.update(loss_metrics)  # already averaged over the axis by ppo_update
+        metrics.update(loss_metrics)  # already averaged (skips: already global) over the axis by ppo_update
         return LearnerState(params, opt_state, key, learner.version + 1), metrics

@@ -18,6 +18,7 @@ import optax
 from flax import struct
 
 from tianji_jax.algos import distributions
+from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
 
 __all__ = ["gae", "vtrace", "PPOBatch", "ppo_loss", "ppo_update", "make_optimizer"]
 
@@ -288,7 +289,9 @@ def ppo_update(
     Returns:
         ``(params, opt_state, metrics)``: metrics are float32 scalars averaged over all
         ``update_epochs * num_minibatches`` gradient steps, plus ``grad_norm`` (global norm
-        before clipping).
+        before clipping) and int32 ``nonfinite_skips``: the gradient steps skipped because their
+        loss or gradient was not finite (:mod:`tianji_jax.algos.guard`; params and optimizer
+        state are then left as they were).
     """
     b = batch.advantages.shape[0]
     grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, axis_name=axis_name, **loss_kwargs),
@@ -296,13 +299,14 @@ def ppo_update(
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
-        (_, metrics), grads = grad_fn(params, mb)
+        (loss, metrics), grads = grad_fn(params, mb)
         if axis_name is not None:
             grads = jax.lax.pmean(grads, axis_name)
             metrics = jax.lax.pmean(metrics, axis_name)
-        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+            loss = jax.lax.pmean(loss, axis_name)
+        finite = all_finite(loss, grads)  # global: taken on averaged values, equal on every replica
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads), SKIP_METRIC: (~finite).astype(jnp.int32)}
+        return guarded_apply(tx, grads, opt_state, params, finite), metrics
 
     def epoch(carry, epoch_key):
         perm = jax.random.permutation(epoch_key, b)
@@ -312,4 +316,5 @@ def ppo_update(
 
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
                                                 jax.random.split(key, update_epochs))
-    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+    skips = jnp.sum(metrics.pop(SKIP_METRIC))
+    return params, opt_state, {**jax.tree.map(jnp.mean, metrics), SKIP_METRIC: skips}

@@ -1,0 +1,99 @@
+"""What every algorithm config shares: type and range checks of single fields, the numpy-scalar
+normalisation, the ``replace`` / ``to_dict`` base class and the torso text of ``describe()``.
+
+Imports nothing from :mod:`tianji_jax.config` or the algorithm packages (they import this), and
+nothing from :mod:`tianji_jax.runtime`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Self
+
+_ACTIVATIONS = ("tanh", "relu")
+
+
+def _plain_numbers(config: Any) -> None:
+    """Replace numpy scalars in ``config``'s fields by Python ints/floats/bools (so ``np.int64(8)``
+    from a sweep is accepted and the config stays JSON-able and hashable the same way), a whole
+    float in an int field by its int (``total_env_steps=1e6``; ``1.5`` stays, for the type check
+    to refuse) and a list in a tuple field by a tuple (``hidden_sizes=[64, 64]``)."""
+    import numpy as np
+
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, (np.bool_, np.integer, np.floating)):
+            v = v.item()  # a Python bool / int / float
+        if isinstance(v, float) and v.is_integer() and f.type in ("int", "int | None"):
+            v = int(v)
+        elif isinstance(v, list) and f.type.startswith("tuple"):
+            v = tuple(v)
+        object.__setattr__(config, f.name, v)
+
+
+def _check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def _check_float(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if low is not None and (value < low or (low_open and value == low)):
+        bound = f"> {low}" if low_open else f">= {low}"
+        interval = f"in {'(' if low_open else '['}{low}, {high}]" if high is not None else bound
+        raise ValueError(f"{name} must be {interval}, got {value}")
+    if high is not None and value > high:
+        interval = f"in {'(' if low_open else '['}{low}, {high}]" if low is not None else f"<= {high}"
+        raise ValueError(f"{name} must be {interval}, got {value}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True/False), got {value!r}")
+
+
+def _torso_text(config: Any) -> str:
+    """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.choose_torso`)."""
+    from tianji_jax.networks import choose_torso
+
+    torso = choose_torso(tuple(config.env_spec.observation_shape))
+    if torso == "nature_cnn":
+        return "Nature CNN torso"
+    mlp = f"MLP {list(config.hidden_sizes)} {config.activation}"
+    return f"small CNN (16 3x3 filters) + {mlp} torso" if torso == "small_cnn" else f"{mlp} torso"
+
+
+class _AgentConfig:
+    """What PPOConfig and DQNConfig share besides validation: ``replace`` and ``to_dict``."""
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied, validated again.
+
+        Raises:
+            ValueError / TypeError: as the constructor (a changed field out of range or of the
+                wrong type, or an unknown field name: TypeError).
+        """
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict of the fields (an env object is written as its class name)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(out["env"], str):
+            out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
+        out["hidden_sizes"] = list(out["hidden_sizes"])
+        return out

@@ -1,0 +1,138 @@
+"""Cross-field rules of the algorithm configs: host env backends, async-only fields, learner
+groups, multi-host (``jax.distributed``) and Ray actor settings, and the ``HOST:PORT`` form of a
+coordinator address.
+
+Pure validation: imports nothing from :mod:`tianji_jax.runtime` (whose
+:mod:`~tianji_jax.runtime.distributed` re-exports :func:`check_coordinator`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from tianji_jax.config_base import _check_int
+
+if TYPE_CHECKING:
+    from tianji_jax.envs.registry import EnvSpec
+
+__all__ = ["check_coordinator"]
+
+
+def check_coordinator(coordinator: Any) -> tuple[str, int]:
+    """``(host, port)`` from ``"HOST:PORT"``.
+
+    Raises:
+        ValueError: not of the form ``HOST:PORT`` with a port in 1..65535.
+    """
+    if not isinstance(coordinator, str) or ":" not in coordinator:
+        raise ValueError(f"coordinator must be 'HOST:PORT' (e.g. '10.0.0.1:12345'), got {coordinator!r}")
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"coordinator must be 'HOST:PORT' with a port in 1..65535, got {coordinator!r}")
+    return host, int(port)
+
+
+def _check_distributed(config: Any) -> None:
+    """The multi-host fields of a :class:`~tianji_jax.config.PPOConfig` (clear errors naming the field)."""
+    _check_int("num_processes", config.num_processes, minimum=1)
+    _check_int("process_id", config.process_id, minimum=0, maximum=config.num_processes - 1)
+    _check_int("heartbeat_timeout_s", config.heartbeat_timeout_s, minimum=1)
+    if config.num_processes == 1:
+        if config.coordinator is not None:
+            raise ValueError(f"coordinator={config.coordinator!r} needs num_processes > 1")
+        return
+    if config.runtime != "async":
+        raise ValueError(f"num_processes={config.num_processes} needs runtime='async' (multi-host learners are "
+                         f"the async runtime's); got runtime={config.runtime!r}")
+    if config.coordinator is None:
+        raise ValueError(f"num_processes={config.num_processes} needs coordinator='HOST:PORT' (process 0's address)")
+    check_coordinator(config.coordinator)
+    if config.stop_at_return is not None:
+        raise ValueError("stop_at_return is not supported with num_processes > 1 yet (every process must run the "
+                         "same number of updates); got stop_at_return="
+                         f"{config.stop_at_return}")
+    if config.total_env_steps < config.global_batch_size:
+        raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_processes * num_envs * num_steps "
+                         f"= {config.global_batch_size} (one global update)")
+
+
+def _check_ray(config: Any, spec: EnvSpec) -> None:
+    """The Ray actor fields of a :class:`~tianji_jax.config.PPOConfig` (clear errors naming the field)."""
+    _check_int("ray_max_restarts", config.ray_max_restarts, minimum=0)
+    if config.actor_backend not in ("threads", "ray"):
+        raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {config.actor_backend!r}")
+    if config.actor_backend == "threads":
+        if config.ray_address is not None:
+            raise ValueError(f"ray_address={config.ray_address!r} needs actor_backend='ray'")
+        return
+    if not spec.on_host:
+        raise ValueError(f"actor_backend='ray' runs host envs (envpool:/gymnasium:) on remote actors; env "
+                         f"{config.env!r} is a gymnax env (allowed with actor_backend='threads')")
+    if config.num_processes > 1:
+        raise ValueError(f"actor_backend='ray' with num_processes={config.num_processes} is not supported; "
+                         "use one learner process (num_processes=1) with Ray actors")
+    if config.ray_address is not None and (not isinstance(config.ray_address, str) or not config.ray_address):
+        raise ValueError(f"ray_address must be None, 'auto' or 'HOST:PORT', got {config.ray_address!r}")
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("actor_backend='ray' needs Ray: pip install 'tianji-jax[ray]'")
+
+
+def _check_async_only(config: Any, names: tuple[str, ...]) -> None:
+    """Async-runtime fields must keep their defaults under ``runtime='anakin'`` (a value there
+    would be silently ignored)."""
+    if config.runtime != "anakin":
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name in names:
+        value = getattr(config, name)
+        if value != defaults[name]:
+            raise ValueError(f"{name}={value!r} only applies to runtime='async' (actor threads, the lag-bounded queue); "
+                             f"got runtime='anakin'. Allowed: runtime='async', or {name}={defaults[name]!r} (default)")
+
+
+def _check_learner_groups(config: Any) -> None:
+    """The learner-group fields of a :class:`~tianji_jax.config.PPOConfig` (after the fields they depend on)."""
+    groups = config.num_learner_groups
+    if groups == 1:
+        if config.sync_every != 1:
+            raise ValueError(f"sync_every={config.sync_every} needs num_learner_groups > 1 (it is the number of "
+                             "updates between the groups' param averagings); got num_learner_groups=1")
+        return
+    if config.runtime != "async":
+        raise ValueError(f"num_learner_groups={groups} needs runtime='async'; got runtime={config.runtime!r}")
+    for name, value, allowed in (("num_learner_devices", config.num_learner_devices, 1),
+                                 ("num_processes", config.num_processes, 1)):
+        if value != allowed:
+            raise ValueError(f"num_learner_groups={groups} is not supported with {name}={value} yet; allowed: "
+                             f"{name}={allowed} (each group is one learner device in one process)")
+    if config.actor_backend != "threads":
+        raise ValueError(f"num_learner_groups={groups} is not supported with actor_backend={config.actor_backend!r} "
+                         "yet; allowed: actor_backend='threads'")
+    if config.num_actors % groups:
+        raise ValueError(f"num_actors={config.num_actors} must be a multiple of num_learner_groups={groups} (the "
+                         f"actors split evenly over the groups); allowed: {[groups * k for k in range(1, 5)]}, ...")
+    if config.total_env_steps // config.global_batch_size < groups:
+        raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_learner_groups * num_envs * "
+                         f"num_steps = {groups * config.batch_size} (one update per learner group)")
+
+
+def _check_host_fields(config: Any, spec: EnvSpec) -> None:
+    """Rules for host env backends (envpool, gymnasium), shared by the configs."""
+    batch = getattr(config, "env_batch_size", None)
+    if batch is not None:
+        _check_int("env_batch_size", batch, minimum=1, maximum=config.num_envs)
+        if spec.backend != "envpool":
+            raise ValueError(f"env_batch_size={batch}: only the envpool backend has an async mode; "
+                             f"env {config.env!r} needs env_batch_size=None")
+    if not spec.on_host:
+        return
+    if config.runtime != "async":
+        raise ValueError(f"runtime={config.runtime!r}: env {config.env!r} runs on the host ({spec.backend}), "
+                         "which only the async runtime drives; allowed: runtime='async' (Anakin needs gymnax)")
+    for name in ("normalize_observations", "scale_rewards"):
+        if getattr(config, name, False):
+            raise ValueError(f"{name}=True is not supported yet with host env backends ({spec.backend}); "
+                             f"allowed: False (gymnax envs support it)")

@@ -1,0 +1,110 @@
+"""What a run directory holds, read without starting orbax: its ``metrics.csv`` rows and its
+checkpoints. It decides whether :func:`tianji_jax.train` may start a new run in an existing
+directory (only one that holds neither, as a run interrupted before its first row leaves), what
+``tianji train`` can truthfully advise after a Ctrl-C, and the one-line summary of a finished
+:func:`tianji_jax.train` call.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
+           "summary_line", "report_end"]
+
+
+def metrics_rows(run_dir: str | Path) -> int:
+    """Data rows in ``run_dir/metrics.csv`` (the header and blank lines not counted; 0 without the file)."""
+    path = Path(run_dir) / "metrics.csv"
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as f:
+        return max(0, sum(1 for line in f if line.strip()) - 1)
+
+
+def checkpoint_entries(run_dir: str | Path) -> list[str]:
+    """Names under ``run_dir/checkpoints/``: complete checkpoints (``<env_steps>``) and unfinished
+    ones (orbax's ``<env_steps>.orbax-checkpoint-tmp-<time>``); empty without the directory."""
+    path = Path(run_dir) / "checkpoints"
+    return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[int]:
+    """Env steps of the complete checkpoints in ``run_dir/checkpoints/`` (directories named by a
+    number: orbax renames a step's temporary directory to that name once it is written), ascending."""
+    path = Path(run_dir) / "checkpoints"
+    return sorted(int(n) for n in checkpoint_entries(run_dir) if n.isdigit() and (path / n).is_dir())
+
+
+def check_new_run_dir(run_dir: str | Path) -> None:
+    """Allow a new run in ``run_dir`` unless it already holds one: a ``metrics.csv`` with rows or
+    anything under ``checkpoints/``. A directory left by a run stopped before its first row (config
+    files, a header-only ``metrics.csv``, an empty ``checkpoints/``) may be used again.
+
+    Raises:
+        FileExistsError: ``run_dir`` holds a run (the message says what and how to go on).
+    """
+    rows, entries = metrics_rows(run_dir), checkpoint_entries(run_dir)
+    if rows or entries:
+        held = ", ".join(([f"{rows} metrics.csv row(s)"] if rows else [])
+                         + ([f"checkpoints {entries[:3]}"] if entries else []))
+        raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run ({held}); choose a new directory "
+                              "or resume it")
+
+
+def interrupt_message(run_dir: str | Path, resumable: bool) -> str:
+    """The line ``tianji train`` prints after a Ctrl-C: how to continue the run in ``run_dir``, or,
+    when it cannot be resumed (``resumable`` False: several processes or learner groups; or no
+    complete checkpoint yet), why, and what to do instead."""
+    head = "tianji train: interrupted; "
+    if not resumable:
+        return (head + f"{run_dir} keeps the metrics and checkpoints written so far (runs with several processes "
+                "or learner groups cannot be resumed yet)")
+    if complete_checkpoints(run_dir):
+        return (head + f"{run_dir} keeps the metrics and checkpoints written so far (continue the run with: "
+                f"tianji train --resume {run_dir})")
+    rows = metrics_rows(run_dir)
+    if rows == 0 and not checkpoint_entries(run_dir):
+        return (head + f"stopped before the first checkpoint: {run_dir} holds no checkpoint and no metrics, so "
+                "there is nothing to resume; run the same command again to start over (the directory can be reused)")
+    return (head + f"stopped before the first checkpoint: {run_dir} keeps {rows} metrics row(s) but no complete "
+            "checkpoint, so the run cannot be resumed; start again in a new directory (--run-dir)")
+
+
+def summary_line(result: Any) -> str:
+    """One plain-text line about a :class:`~tianji_jax.training.TrainResult`: env steps, wall time,
+    final and best evaluation return (or the last training return without evaluation) and the run
+    directory; for a resumed run that had already finished, that there was nothing to do."""
+    curve = result.curve
+    env_steps = curve.get("env_steps", [])
+    if not len(env_steps):
+        return "tianji_jax.train: no rows were logged"
+    steps, wall = int(env_steps[-1]), float(curve["wall_time_s"][-1])
+    evals = [float(x) for x in curve.get("eval_return_mean", []) if math.isfinite(x)]
+    if evals:
+        returns = f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}"
+    else:
+        returns = f"no evaluation; training episode return {float(curve['episode_return_mean'][-1]):.2f}"
+    where = f"run dir {result.run_dir}" if result.run_dir is not None else "no run dir"
+    if getattr(result, "already_finished", False):
+        return (f"tianji_jax.train: nothing to do, the run had already finished: {steps} env steps in {wall:.1f} s; "
+                f"{returns}; {where}")
+    early = " (stopped at stop_at_return)" if result.stopped_early else ""
+    return f"tianji_jax.train: done{early}: {steps} env steps in {wall:.1f} s; {returns}; {where}"
+
+
+def report_end(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (a ``train`` implementation returning a ``TrainResult``) that afterwards prints
+    :func:`summary_line` to stderr when stderr is not a terminal (a log file, a notebook, a pipe),
+    where no progress bar stays on screen to tell how the run ended."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = run(*args, **kwargs)
+        if not sys.stderr.isatty():
+            print(summary_line(result), file=sys.stderr, flush=True)
+        return result
+
+    return wrapped
