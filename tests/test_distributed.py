@@ -99,6 +99,22 @@ def test_two_processes_train_with_identical_replicas(tmp_path):
     assert (tmp_path / "run0" / "final_params").is_dir()
 
 
+@pytest.mark.slow  # two jax.distributed processes on host envs: about 50 s each on 2 cores
+@pytest.mark.parametrize("env", ["envpool:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_two_processes_on_host_envs_keep_identical_replicas(tmp_path, env):
+    """The capability table's multi-host cells on host env backends: each process's actors step
+    their own host envs; the replicas stay identical after every update."""
+    procs = _launch(tmp_path, ["--env", env, "--total-env-steps", str(2 * 64 * 3), "--eval-every-env-steps", "128"])
+    try:
+        rcs = [p.wait(200) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    d0, d1 = _digests(procs[0].text), _digests(procs[1].text)
+    assert sorted(d0) == [1, 2, 3] and d0 == d1 and len(set(d0.values())) == 3
+
+
 _WORKER = textwrap.dedent('''
     import sys, numpy as np
     pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]

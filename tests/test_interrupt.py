@@ -57,7 +57,7 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_same_command_runs_again(tmp_path, monkeypatch, capsys):
     """No false advice: nothing to resume is said as such, and the directory (config files, a
     header-only metrics.csv, an empty checkpoints/) is taken again by the same command."""
-    import tianji_jax.training
+    import tianji_jax.host_loop
     from tianji_jax.cli import main
 
     def interrupted(*_args, **_kwargs):  # Ctrl-C during the first compiled chunk
@@ -65,7 +65,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_same_command_runs_ag
 
     run_dir = tmp_path / "run"
     argv = ["train", "--run-dir", str(run_dir), *TINY]
-    monkeypatch.setattr(tianji_jax.training, "_run_anakin", interrupted)
+    monkeypatch.setattr(tianji_jax.host_loop, "run_anakin", interrupted)
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "tianji train: interrupted" in err and "before the first checkpoint" in err, err

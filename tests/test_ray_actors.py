@@ -115,6 +115,22 @@ def test_two_remote_actors_solve_cartpole(cluster, tmp_path):
     assert len(placements) == 2 and {node for _, node in placements} == {actor_id} != {head_id}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env, learners", [("gymnasium:CartPole-v1", 1), ("envpool:CartPole-v1", 2),
+                                           ("gymnasium:CartPole-v1", 2)])
+def test_ray_cells_of_the_capability_table_run(cluster, env, learners):
+    """The capability table's other Ray cells (gymnasium envs on remote actors; data-parallel
+    learner devices fed by remote actors): a few updates within the lag bound, nothing lost."""
+    config = PPOConfig(env=env, runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=32,
+                       num_minibatches=2, update_epochs=1, eval_episodes=0, total_env_steps=4 * 2 * 128,
+                       eval_every_env_steps=2 * 128, num_learner_devices=learners, seed=0)
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert c["env_steps"][-1] == config.env_steps
+    assert np.all(c["policy_lag_max"] <= config.policy_lag_bound) and np.all(c["lost_chunks"] == 0)
+
+
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
     its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""

@@ -9,6 +9,7 @@ Public API::
     tj.evaluate(config, result.state, num_episodes=10)
 """
 
+from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm
 from tianji_jax.caches import clear_caches
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult
@@ -23,4 +24,5 @@ __all__ = [
     "EvalResult", "METRIC_COLUMNS", "__version__",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
     "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches",
+    "Algorithm", "register_algorithm", "algorithm_names",
 ]

@@ -12,9 +12,11 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   record says ``"empty": true`` and the restore rebuilds it from its shape and dtype. Each written
   leaf's record holds its ``checksum`` (:mod:`tianji_jax.checkpoint_verify`), verified on restore,
   so corrupt array data raises instead of restoring silently wrong values;
-* ``meta`` (JSON): format version, algorithm, the config (``to_dict()``), package versions, env
-  steps, updates done, the ``metrics.csv`` rows written so far (a resumed run rewrites
-  ``metrics.csv`` from them and appends), whether the replay buffer is included
+* ``meta`` (JSON): format version (``format``), the ``tianji_jax_version`` that wrote it (format
+  1 checkpoints written before it existed have only ``packages["tianji-jax"]``), algorithm, the
+  config (``to_dict()``), package versions, env steps, updates done, the ``leaves`` records, the
+  ``metrics.csv`` rows written so far (a resumed run rewrites ``metrics.csv`` from them and
+  appends), whether the replay buffer is included
   (``includes_replay``), whether the run can be resumed from it (``resumable``) and whether the
   run had finished (``finished``); async runs add ``async_counters`` (buffer and rate-limiter
   counters of the cut, ``in_flight`` env steps it leaves out, DQN's epsilon), ``has_actor``
@@ -28,11 +30,19 @@ process killed while saving leaves only a temporary directory, which is never li
 a resume continues from the last complete checkpoint. Retention keeps the latest
 ``keep_checkpoints`` plus the best ``keep_best_checkpoints`` by ``eval_return_mean``
 (orbax ``AnyPreservationPolicy(LatestN, BestN)``), so the best ones never push out the latest.
+
+Format policy (``docs/checkpoint_format.md``): a checkpoint of a format newer than
+:data:`FORMAT_VERSION` is refused in one line naming both versions; an older one is brought to the
+current format by the functions of :data:`MIGRATIONS`, one version at a time, or refused in one
+line naming both versions when a step has none. A saved config without a field that was added
+later compares equal to that field's default (:func:`check_compatible`); a train-state leaf that
+the checkpoint lacks is filled as a rule of :data:`ALLOWED_MISSING_LEAVES` says, or refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -40,24 +50,86 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads
+from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads, warn
 
-__all__ = ["CheckpointError", "CorruptCheckpointError", "ConfigMismatchError", "RunCheckpointer", "Restored",
-           "flatten_state", "unflatten_state", "check_compatible", "FORMAT_VERSION", "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
+__all__ = ["CheckpointError", "CorruptCheckpointError", "CheckpointFormatError", "ConfigMismatchError",
+           "RunCheckpointer", "Restored", "flatten_state", "unflatten_state", "check_compatible", "migrate_meta",
+           "MissingLeaf", "fill_from_template", "FORMAT_VERSION", "MIGRATIONS", "ALLOWED_MISSING_LEAVES",
+           "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
 
 FORMAT_VERSION = 1
-"""Version of the checkpoint layout written into ``meta["format"]``."""
+"""Version of the checkpoint layout written into ``meta["format"]``: the meta keys a reader needs,
+the leaf records and the train states' leaf paths, shapes and dtypes. Every change of these bumps
+it, adds the :data:`MIGRATIONS` entry from the previous version (and, for a new leaf, a rule of
+:data:`ALLOWED_MISSING_LEAVES`) and a line below; see ``docs/checkpoint_format.md``.
+
+* 1: the layout of the module docstring (tianji_jax 0.1.0; ``tests/fixtures/runs_v1``).
+"""
+
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+"""Migrations of checkpoint metadata, ``{from_version: function}``: ``MIGRATIONS[v](meta)`` takes
+the metadata of a checkpoint of format ``v`` and returns it as format ``v + 1`` would have written
+it, with ``meta["format"] == v + 1`` (:func:`migrate_meta` applies them in order, on a copy, up to
+:data:`FORMAT_VERSION`). Each function has a docstring saying what changed in that version.
+
+A migration works on the metadata only: it may rename, drop, reorder or add leaf records (every
+saved record keeps the ``"key"`` of its array, set before the first migration runs), add records
+``{"path", "shape", "dtype", "saved": False}`` for leaves the old version did not have (restored
+from the template, i.e. zeros for an abstract one), and add, rename or drop meta keys and config
+fields. Format 1 is the first versioned format: there is nothing to migrate yet.
+"""
+
+
+def fill_from_template(leaf: Any) -> Any:
+    """The fill of a missing leaf by default: the template's value (an abstract template, as resume
+    and :func:`tianji_jax.load` pass, gives zeros of the leaf's shape and dtype)."""
+    return leaf
+
+
+@dataclass(frozen=True)
+class MissingLeaf:
+    """A train-state leaf that checkpoints written before it existed lack, and how to fill it.
+
+    Attributes:
+        pattern: regular expression matched in full against the leaf's path
+            (``jax.tree_util.keystr``, e.g. ``r"[.]learner[.]nonfinite_count"``).
+        since_format: the :data:`FORMAT_VERSION` that added the leaf: only checkpoints written in
+            an older format may lack it (a checkpoint of this format or newer without it is refused).
+        reason: why it may be missing and why the fill is right (shown when a restore fills it).
+        fill: ``template leaf -> array``: the value restored (default :func:`fill_from_template`).
+    """
+
+    pattern: str
+    since_format: int
+    reason: str
+    fill: Callable[[Any], Any] = fill_from_template
+
+    def matches(self, path: str, written_format: int | None = None) -> bool:
+        """``path`` is a leaf this rule fills in a checkpoint written in ``written_format`` (None:
+        any format)."""
+        return ((written_format is None or written_format < self.since_format)
+                and re.fullmatch(self.pattern, path) is not None)
+
+
+ALLOWED_MISSING_LEAVES: tuple[MissingLeaf, ...] = ()
+"""The train-state leaves a checkpoint may lack, each with the format that added it, its fill and
+the reason (:class:`MissingLeaf`): a change that adds a leaf to a train state bumps
+:data:`FORMAT_VERSION` and adds a rule here with ``since_format`` the new version (or its
+migration adds the leaf's record). A lacking leaf matched by no rule is refused, as is a
+checkpoint leaf the train state does not have (unless a migration drops its record). None so far."""
 
 VERSION_CHECKED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnax")
 """Packages whose version must match between a run and its resume (they decide the bits computed)."""
 
-RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s", "max_nonfinite_updates"})
-"""Config fields that may differ between a run and its resume (they do not change what is computed)."""
+RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s"})
+"""Config fields that may differ between a run and its resume (they do not change what is computed).
+A field absent from the checkpoint's config (added after it was written) is not one of these: it
+compares equal to its default (:func:`check_compatible`)."""
 
 _NO_EVAL = -3.0e38  # ranking value of a checkpoint without an evaluation (BestN needs a number)
 
@@ -79,6 +151,12 @@ class CorruptCheckpointError(CheckpointError):
 class CheckpointSaveError(CheckpointError):
     """A checkpoint could not be written (a full disk, a lost mount, ...): the run stops; the
     message names the step that failed, the cause in one line and the last complete checkpoint."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint of a format this version cannot read: newer than :data:`FORMAT_VERSION`, or
+    older with no migration (:data:`MIGRATIONS`) to it; the message is one line naming both
+    versions and the tianji_jax version that wrote the checkpoint."""
 
 
 class ConfigMismatchError(ValueError):
@@ -130,33 +208,174 @@ def flatten_state(state: Any, *, exclude_prefixes: tuple[str, ...] = ()) -> tupl
     return arrays, leaves
 
 
-def unflatten_state(template: Any, arrays: dict[str, Any], leaves: list[dict]) -> Any:
-    """Inverse of :func:`flatten_state`: put ``arrays`` into ``template``'s structure; empty leaves
-    are rebuilt from their records, other leaves that were not saved keep the template's value.
+def _array_key(i: int, rec: dict) -> str:
+    """The key of a saved leaf's array in the checkpoint: its record's ``"key"`` (set by
+    :func:`migrate_meta` before migrations that may move records), else its position."""
+    return rec.get("key", f"leaf_{i:05d}")
 
-    Raises:
-        CheckpointError: the checkpoint's leaves (paths, shapes, dtypes) differ from the template's.
-    """
+
+def _stored_records(meta: dict) -> dict[str, dict]:
+    """``{array key: leaf record}`` of every array the checkpoint holds: the records as written
+    (kept by :func:`migrate_meta` in ``meta["stored_leaves"]``, so an array whose record a
+    migration dropped is still read, as orbax restores a whole item), else the saved records."""
+    recs = meta.get("stored_leaves", meta["leaves"])
+    return {_array_key(i, rec): rec for i, rec in enumerate(recs) if rec["saved"]}
+
+
+def _names(paths: list[str], limit: int = 6) -> str:
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def _unflatten(template: Any, arrays: dict[str, Any], leaves: list[dict],
+               allowed_missing: tuple[MissingLeaf, ...] | None,
+               written_format: int | None = None) -> tuple[Any, dict[str, str]]:
+    """:func:`unflatten_state` plus ``{path: reason}`` of the leaves filled by a rule."""
+    rules = [r for r in (ALLOWED_MISSING_LEAVES if allowed_missing is None else allowed_missing)
+             if written_format is None or written_format < r.since_format]
     flat, treedef = jax.tree_util.tree_flatten(template)
     paths = _leaf_paths(template)
-    if len(paths) != len(leaves):
+    records = {rec["path"]: (i, rec) for i, rec in enumerate(leaves)}
+    if len(records) != len(leaves):
+        twice = sorted({rec["path"] for rec in leaves if sum(r["path"] == rec["path"] for r in leaves) > 1})
+        raise CheckpointError(f"checkpoint records leaves more than once: {_names(twice)}")
+    expected = {path for path, _ in paths}
+    extra = [rec["path"] for rec in leaves if rec["path"] not in expected]
+    missing = [path for path, _ in paths if path not in records]
+    unfilled = [path for path in missing if not any(r.matches(path) for r in rules)]
+    if extra or unfilled:
+        parts = ([f"only in the checkpoint: {_names(extra)}"] if extra else []) + (
+            [f"only in the train state: {_names(unfilled)} (no rule of ALLOWED_MISSING_LEAVES fills it"
+             + (f" in format {written_format}" if written_format is not None else "") + ")"] if unfilled else [])
         raise CheckpointError(f"checkpoint holds {len(leaves)} state leaves, this config's train state has "
-                              f"{len(paths)}: written by a different algorithm, network or version")
-    out = []
-    for i, ((path, x), rec) in enumerate(zip(paths, leaves)):
-        if rec["path"] != path or tuple(rec["shape"]) != tuple(np.shape(x)) or rec["dtype"] != str(np.dtype(x.dtype)):
+                              f"{len(paths)}: written by a different algorithm, network or version; "
+                              + "; ".join(parts))
+    out, filled = [], {}
+    for j, (path, x) in enumerate(paths):
+        if path not in records:
+            rule = next(r for r in rules if r.matches(path))
+            out.append(rule.fill(x))
+            filled[path] = rule.reason
+            continue
+        i, rec = records[path]
+        if tuple(rec["shape"]) != tuple(np.shape(x)) or rec["dtype"] != str(np.dtype(x.dtype)):
             raise CheckpointError(f"checkpoint leaf {i} is {rec['path']} {tuple(rec['shape'])} {rec['dtype']}, the "
                                   f"train state expects {path} {tuple(np.shape(x))} {np.dtype(x.dtype)}")
         if rec.get("empty"):
             out.append(np.zeros(tuple(rec["shape"]), np.dtype(rec["dtype"])))
         else:
-            out.append(arrays[f"leaf_{i:05d}"] if rec["saved"] else flat[i])
-    return jax.tree_util.tree_unflatten(treedef, out)
+            out.append(arrays[_array_key(i, rec)] if rec["saved"] else flat[j])
+    return jax.tree_util.tree_unflatten(treedef, out), filled
+
+
+def unflatten_state(template: Any, arrays: dict[str, Any], leaves: list[dict], *,
+                    allowed_missing: tuple[MissingLeaf, ...] | None = None, written_format: int | None = None) -> Any:
+    """Inverse of :func:`flatten_state`: put ``arrays`` into ``template``'s structure; empty leaves
+    are rebuilt from their records, other leaves that were not saved keep the template's value.
+
+    Records are matched to the template's leaves by path (a saved record's array is
+    ``arrays[record["key"]]``, else ``arrays["leaf_%05d" % position]``). A template leaf without a
+    record is filled by the first rule of ``allowed_missing`` (default
+    :data:`ALLOWED_MISSING_LEAVES`) that matches its path, among the rules whose ``since_format``
+    is newer than ``written_format``, the format the checkpoint was written in (None: all rules).
+
+    Raises:
+        CheckpointError: the checkpoint's leaves differ from the template's: a record whose path the
+            template lacks, a template leaf without a record that no rule fills, or a shape or
+            dtype that differs.
+    """
+    return _unflatten(template, arrays, leaves, allowed_missing, written_format)[0]
+
+
+def _writer(meta: dict) -> str:
+    """The tianji_jax version that wrote ``meta`` (``"an unknown version"`` when not recorded)."""
+    packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+    version = meta.get("tianji_jax_version") or packages.get("tianji-jax")
+    return f"tianji_jax {version}" if version else "an unknown version of tianji_jax"
+
+
+def migrate_meta(meta: dict, where: str = "checkpoint") -> dict:
+    """``meta`` (a checkpoint's metadata) in the current format, :data:`FORMAT_VERSION`.
+
+    Current metadata is returned as it is; older metadata is copied, its saved leaf records get
+    their array ``"key"`` and are kept as written in ``"stored_leaves"``, then
+    ``MIGRATIONS[v]`` runs for ``v = meta["format"], ..., FORMAT_VERSION - 1``; the result records
+    ``"migrated_from"``, the format written.
+
+    Args:
+        meta: the metadata, with an int ``"format"`` and ``"leaves"``.
+        where: what the messages name (the checkpoint's directory).
+
+    Raises:
+        CheckpointFormatError: one line naming both versions: the format is newer than
+            :data:`FORMAT_VERSION`, or an older version has no migration, or a migration failed.
+    """
+    written = meta["format"]
+    if written == FORMAT_VERSION:
+        return meta
+    by = _writer(meta)
+    if written > FORMAT_VERSION:
+        raise CheckpointFormatError(f"{where}: checkpoint format {written} (written by {by}) is newer than this "
+                                    f"version's {FORMAT_VERSION}; upgrade tianji_jax")
+    meta = copy.deepcopy(meta)
+    for i, rec in enumerate(meta["leaves"]):
+        if rec.get("saved"):
+            rec.setdefault("key", f"leaf_{i:05d}")
+    meta["stored_leaves"] = copy.deepcopy(meta["leaves"])
+    for version in range(written, FORMAT_VERSION):
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise CheckpointFormatError(
+                f"{where}: checkpoint format {written} (written by {by}) cannot be read by this version, whose "
+                f"format is {FORMAT_VERSION}: no migration from format {version} to {version + 1}; load it with "
+                "the version that wrote it")
+        try:
+            meta = step(meta)
+        except Exception as err:  # noqa: BLE001 - a migration is arbitrary code; report it in one line
+            raise CheckpointFormatError(f"{where}: checkpoint format {written} (written by {by}) could not be "
+                                        f"migrated to this version's format {FORMAT_VERSION}: the migration from "
+                                        f"format {version} failed: {one_line(err)}") from None
+        if not isinstance(meta, dict) or meta.get("format") != version + 1:
+            got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise CheckpointFormatError(f"{where}: checkpoint format {written} (written by {by}) could not be "
+                                        f"migrated to this version's format {FORMAT_VERSION}: the migration from "
+                                        f"format {version} returned format {got!r}, not {version + 1}")
+    meta["migrated_from"] = written
+    return meta
+
+
+def _defaults_for(saved_config: dict, algo: Any) -> dict:
+    """The value of every field of ``algo``'s config class for a config saved as ``saved_config``:
+    the saved config rebuilt by this version (so a field it lacks gets its default, resolved as
+    ``__post_init__`` resolves it for that config), or, when it cannot be rebuilt (a field since
+    removed, an environment object, ...), the class's defaults; ``{}`` for an unknown ``algo``."""
+    from tianji_jax.config import DQNConfig, PPOConfig, config_from_dict
+
+    if not isinstance(algo, str):
+        return {}
+    try:  # the algorithm registry, where there is one (it knows algorithms registered by other packages)
+        from tianji_jax.algos.registry import get_algorithm
+
+        cls = get_algorithm(algo).config_cls
+    except (ImportError, ValueError, KeyError):
+        cls = {"ppo": PPOConfig, "dqn": DQNConfig}.get(algo)
+    if cls is None:
+        return {}
+    with contextlib.suppress(Exception):  # noqa: BLE001 - any failure: fall back to the class defaults
+        return config_from_dict({**saved_config, "algo": algo}).to_dict()
+    try:
+        return cls().to_dict()
+    except Exception:  # noqa: BLE001 - a class whose defaults do not validate alone has none to offer
+        return {}
 
 
 def check_compatible(saved_config: dict, config_dict: dict, saved_packages: dict | None = None,
                      packages: dict | None = None) -> None:
     """Raise if a run saved with ``saved_config`` cannot be resumed bit-exactly with ``config_dict``.
+
+    A field that ``config_dict`` has and ``saved_config`` lacks (a field added after the checkpoint
+    was written) compares as its default: the value this version gives it for the saved config
+    (the algorithm's config class, ``PPOConfig`` or ``DQNConfig``, from ``config_dict["algo"]``).
+    A field only the checkpoint has (since removed) is a difference.
 
     Args:
         saved_config: ``to_dict()`` of the checkpoint's config plus ``"algo"``.
@@ -169,12 +388,20 @@ def check_compatible(saved_config: dict, config_dict: dict, saved_packages: dict
             and package.
     """
     diffs = []
+    added = sorted(k for k in set(config_dict) - set(saved_config) if k not in RESUME_FREE_FIELDS)
+    defaults = _defaults_for(saved_config, config_dict.get("algo", saved_config.get("algo"))) if added else {}
     for k in sorted(set(saved_config) | set(config_dict)):
         if k in RESUME_FREE_FIELDS:
             continue
-        a, b = saved_config.get(k, "<absent>"), config_dict.get(k, "<absent>")
-        if a != b:
-            diffs.append(f"{k}: checkpoint {a!r}, given {b!r}")
+        b = config_dict.get(k, "<absent>")
+        if k in saved_config:
+            a = saved_config[k]
+            if a != b:
+                diffs.append(f"{k}: checkpoint {a!r}, given {b!r}")
+        elif k not in defaults:
+            diffs.append(f"{k}: checkpoint <absent>, given {b!r}")
+        elif defaults[k] != b:
+            diffs.append(f"{k}: checkpoint <absent: the default, {defaults[k]!r}>, given {b!r}")
     if diffs:
         raise ConfigMismatchError("cannot resume: the config differs from the checkpoint's in "
                                   + "; ".join(diffs) + f" (fields that may differ: {sorted(RESUME_FREE_FIELDS)})")
@@ -292,8 +519,10 @@ class RunCheckpointer:
         for i, rec in enumerate(leaves):
             if f"leaf_{i:05d}" in sums:
                 rec["checksum"] = sums[f"leaf_{i:05d}"]
-        meta = {**meta, "format": FORMAT_VERSION, "step": int(step), "leaves": leaves,
-                "rows": _rows_to_json(meta.get("rows", []))}
+        import tianji_jax  # noqa: PLC0415 - fully imported by the time a run saves
+
+        meta = {**meta, "format": FORMAT_VERSION, "tianji_jax_version": tianji_jax.__version__, "step": int(step),
+                "leaves": leaves, "rows": _rows_to_json(meta.get("rows", []))}
         ocp = self._ocp
         rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
         self._silence_background()
@@ -327,10 +556,14 @@ class RunCheckpointer:
                 f"training stopped; last complete checkpoint: {last}") from None
 
     def read_meta(self, step: int | None = None) -> dict:
-        """The metadata of checkpoint ``step`` (default: the latest).
+        """The metadata of checkpoint ``step`` (default: the latest), in the current format
+        (:func:`migrate_meta`: an older format is migrated).
 
         Raises:
-            CheckpointError: no such step, or its metadata cannot be read.
+            CheckpointError: no such step, or metadata that is not tianji_jax's.
+            CorruptCheckpointError: its metadata cannot be read.
+            CheckpointFormatError: a format newer than :data:`FORMAT_VERSION`, or an older one
+                without a migration (one line naming both versions).
         """
         step = self._pick(step)
         try:
@@ -342,30 +575,34 @@ class RunCheckpointer:
         if not isinstance(meta, dict):  # the metadata file is missing or emptied
             raise CorruptCheckpointError(self.directory, step,
                                          f"metadata: none could be read (got {type(meta).__name__})")
-        if meta.get("format") != FORMAT_VERSION or "leaves" not in meta:
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no tianji metadata of format "
-                                  f"{FORMAT_VERSION}; not written by this version of tianji_jax")
-        return meta
+        fmt = meta.get("format")
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or not isinstance(meta.get("leaves"), list):
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no tianji metadata (a format "
+                                  "version and leaf records); not written by tianji_jax")
+        return migrate_meta(meta, f"checkpoint {self.directory / str(step)}")
 
     def restore(self, template: Any, step: int | None = None, meta: dict | None = None) -> Restored:
         """Restore checkpoint ``step`` (default: the latest) into ``template``'s structure.
 
         Args:
             template: a train state (or its ``jax.eval_shape``) of the same config; leaves that the
-                checkpoint did not save (e.g. the replay buffer) are taken from it.
+                checkpoint did not save (e.g. the replay buffer) are taken from it (zeros for an
+                abstract leaf), and so are leaves it lacks that :data:`ALLOWED_MISSING_LEAVES`
+                fills (each reported in one line on stderr, listed in ``meta["filled_leaves"]``).
             step: env steps of the checkpoint.
-            meta: its metadata if already read.
+            meta: its metadata if already read (by :meth:`read_meta`).
 
         Raises:
-            CheckpointError: missing step, corrupt files, or leaves that do not match ``template``.
+            CheckpointError: missing step, corrupt files, an unreadable format, or leaves that do
+                not match ``template``.
         """
         step = self._pick(step)
         meta = meta if meta is not None else self.read_meta(step)
         device = jax.devices()[0]
         sharding = jax.sharding.SingleDeviceSharding(device)
-        abstract = {f"leaf_{i:05d}": jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]),
-                                                           sharding=sharding)
-                    for i, rec in enumerate(meta["leaves"]) if rec["saved"]}
+        stored = _stored_records(meta)
+        abstract = {key: jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]), sharding=sharding)
+                    for key, rec in stored.items()}
         try:
             with _quiet(), quiet_abandoned_reads():
                 out = self._manager.restore(step, args=self._ocp.args.Composite(
@@ -373,19 +610,25 @@ class RunCheckpointer:
             arrays = dict(out.state)
         except Exception as err:  # noqa: BLE001
             reason = f"array data: {one_line(err)}"
-            keys = [k for k in dict.fromkeys(re.findall(r"leaf_(\d{5})", reason)) if int(k) < len(meta["leaves"])]
+            keys = [k for k in dict.fromkeys(re.findall(r"leaf_\d{5}", reason)) if k in stored]
             if keys:  # name the leaves of the state
-                reason += " (" + ", ".join(f"leaf_{k} is {meta['leaves'][int(k)]['path']}" for k in keys) + ")"
+                reason += " (" + ", ".join(f"{k} is {stored[k]['path']}" for k in keys) + ")"
             raise CorruptCheckpointError(self.directory, step, reason) from None
-        self._verify(step, arrays, meta["leaves"])
-        state = unflatten_state(template, arrays, meta["leaves"])
+        self._verify(step, arrays, stored)
+        written = meta.get("migrated_from", meta.get("format"))
+        state, filled = _unflatten(template, arrays, meta["leaves"], None, written)
+        for path, why in filled.items():
+            warn(f"checkpoint {self.directory / str(step)}: leaf {path} is not in it; filled as "
+                 f"ALLOWED_MISSING_LEAVES says ({why})")
+        if filled:
+            meta = {**meta, "filled_leaves": sorted(filled)}
         state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else _materialise(x, device), state)
         return Restored(state=state, meta=meta, rows=_rows_from_json(meta.get("rows", [])), step=int(step))
 
-    def _verify(self, step: int, arrays: dict[str, Any], leaves: list[dict]) -> None:
-        """Compare the restored arrays' checksums with the recorded ones (records without one, from
-        checkpoints written before checksums, are not checked)."""
-        keyed = {f"leaf_{i:05d}": rec for i, rec in enumerate(leaves) if rec["saved"] and "checksum" in rec}
+    def _verify(self, step: int, arrays: dict[str, Any], stored: dict[str, dict]) -> None:
+        """Compare the restored arrays' checksums with the recorded ones (``stored``: records by
+        array key; records without one, from checkpoints written before checksums, are not checked)."""
+        keyed = {key: rec for key, rec in stored.items() if "checksum" in rec}
         sums = leaf_checksums({k: arrays[k] for k in keyed if k in arrays})
         for key, rec in keyed.items():
             if key in sums and sums[key] != rec["checksum"]:

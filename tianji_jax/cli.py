@@ -9,6 +9,7 @@ Every field of :class:`~tianji_jax.config.PPOConfig` is a flag (``--total-env-st
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Annotated, Literal
 
 import tyro
 
+from tianji_jax.algos.registry import algorithm_for, get_algorithm
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -58,8 +60,9 @@ class TrainArgs(_RunArgs):
     final_params/)."""
 
     config: Annotated[PPOConfig, tyro.conf.arg(name="")]
-    algo: Literal["ppo", "dqn"] = "ppo"
-    """Algorithm: 'ppo' (the options listed here) or 'dqn' (its options: tianji train --algo dqn --help)."""
+    algo: str = "ppo"
+    """Algorithm: a registered name (tianji_jax.algos.registry): 'ppo' (the options listed here), 'dqn'
+    (its options: tianji train --algo dqn --help), or one registered by another package."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,25 @@ class DQNTrainArgs(_RunArgs):
     config: Annotated[DQNConfig, tyro.conf.arg(name="")]
     algo: Literal["dqn"] = "dqn"
     """Algorithm ('tianji train --help' for PPO's options)."""
+
+
+def _args_type(algo: str) -> type:
+    """The argument dataclass tyro parses for ``--algo algo``: PPO's and DQN's are written out
+    above; any other registered algorithm gets the run options plus its config's fields.
+
+    Raises:
+        ValueError: ``algo`` is not registered (the message lists the registered names).
+    """
+    spec = get_algorithm(algo)
+    if algo in _BUILT_IN_ARGS:
+        return _BUILT_IN_ARGS[algo]
+    return dataclasses.make_dataclass(
+        f"{algo.title()}TrainArgs", [("config", Annotated[spec.config_cls, tyro.conf.arg(name="")]),
+                                     ("algo", Literal[algo], dataclasses.field(default=algo))],  # type: ignore[valid-type]
+        bases=(_RunArgs,), frozen=True, kw_only=True)
+
+
+_BUILT_IN_ARGS = {"ppo": TrainArgs, "dqn": DQNTrainArgs}
 
 
 def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
@@ -179,13 +201,13 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
             from tianji_jax.config import load_config
 
             stored = load_config(resume_dir)
-            algo = "dqn" if isinstance(stored, DQNConfig) else "ppo"
+            algo = algorithm_for(stored).name
             if _flag_value(argv, "--algo", algo) != algo:
                 raise ValueError(f"--algo {_algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
-            args_type = DQNTrainArgs if algo == "dqn" else TrainArgs
+            args_type = _args_type(algo)
             default = args_type(config=stored, algo=algo)
         else:
-            args_type = DQNTrainArgs if _algo_of(argv) == "dqn" else TrainArgs
+            args_type = _args_type(_algo_of(argv))
         return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
     except (ValueError, TypeError, MemoryError, FileNotFoundError) as err:  # one clear line, no traceback

@@ -65,15 +65,13 @@ class CheckpointConfig:
         return dataclasses.asdict(self)
 
 
-_ALGOS = {"ppo": PPOConfig, "dqn": DQNConfig}
-
 
 def config_from_dict(data: dict[str, Any]) -> "PPOConfig | DQNConfig":
     """Rebuild a config from the dict written to ``config.json`` (``to_dict()`` plus ``"algo"``;
     ``derived`` and ``description`` are ignored).
 
     Args:
-        data: the dict; ``data["algo"]`` is ``"ppo"`` (default when absent) or ``"dqn"``.
+        data: the dict; ``data["algo"]`` is a registered algorithm name (default ``"ppo"`` when absent).
 
     Returns:
         A validated :class:`PPOConfig` or :class:`DQNConfig`.
@@ -85,10 +83,9 @@ def config_from_dict(data: dict[str, Any]) -> "PPOConfig | DQNConfig":
     """
     if not isinstance(data, dict):
         raise TypeError(f"data must be a dict (the contents of config.json), got {type(data).__name__}")
-    algo = data.get("algo", "ppo")
-    if algo not in _ALGOS:
-        raise ValueError(f"algo must be one of {tuple(_ALGOS)}, got {algo!r}")
-    cls = _ALGOS[algo]
+    from tianji_jax.algos.registry import get_algorithm
+
+    cls = get_algorithm(data.get("algo", "ppo")).config_cls  # ValueError naming the registered names
     names = {f.name for f in dataclasses.fields(cls)}
     fields = {k: v for k, v in data.items() if k not in ("algo", "derived", "description")}
     unknown = sorted(set(fields) - names)

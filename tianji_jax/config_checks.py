@@ -42,9 +42,6 @@ def _check_distributed(config: Any) -> None:
         if config.coordinator is not None:
             raise ValueError(f"coordinator={config.coordinator!r} needs num_processes > 1")
         return
-    if config.runtime != "async":
-        raise ValueError(f"num_processes={config.num_processes} needs runtime='async' (multi-host learners are "
-                         f"the async runtime's); got runtime={config.runtime!r}")
     if config.coordinator is None:
         raise ValueError(f"num_processes={config.num_processes} needs coordinator='HOST:PORT' (process 0's address)")
     check_coordinator(config.coordinator)
@@ -66,12 +63,6 @@ def _check_ray(config: Any, spec: EnvSpec) -> None:
         if config.ray_address is not None:
             raise ValueError(f"ray_address={config.ray_address!r} needs actor_backend='ray'")
         return
-    if not spec.on_host:
-        raise ValueError(f"actor_backend='ray' runs host envs (envpool:/gymnasium:) on remote actors; env "
-                         f"{config.env!r} is a gymnax env (allowed with actor_backend='threads')")
-    if config.num_processes > 1:
-        raise ValueError(f"actor_backend='ray' with num_processes={config.num_processes} is not supported; "
-                         "use one learner process (num_processes=1) with Ray actors")
     if config.ray_address is not None and (not isinstance(config.ray_address, str) or not config.ray_address):
         raise ValueError(f"ray_address must be None, 'auto' or 'HOST:PORT', got {config.ray_address!r}")
     import importlib.util
@@ -101,16 +92,11 @@ def _check_learner_groups(config: Any) -> None:
             raise ValueError(f"sync_every={config.sync_every} needs num_learner_groups > 1 (it is the number of "
                              "updates between the groups' param averagings); got num_learner_groups=1")
         return
-    if config.runtime != "async":
-        raise ValueError(f"num_learner_groups={groups} needs runtime='async'; got runtime={config.runtime!r}")
     for name, value, allowed in (("num_learner_devices", config.num_learner_devices, 1),
                                  ("num_processes", config.num_processes, 1)):
         if value != allowed:
             raise ValueError(f"num_learner_groups={groups} is not supported with {name}={value} yet; allowed: "
                              f"{name}={allowed} (each group is one learner device in one process)")
-    if config.actor_backend != "threads":
-        raise ValueError(f"num_learner_groups={groups} is not supported with actor_backend={config.actor_backend!r} "
-                         "yet; allowed: actor_backend='threads'")
     if config.num_actors % groups:
         raise ValueError(f"num_actors={config.num_actors} must be a multiple of num_learner_groups={groups} (the "
                          f"actors split evenly over the groups); allowed: {[groups * k for k in range(1, 5)]}, ...")
@@ -129,9 +115,6 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
                              f"env {config.env!r} needs env_batch_size=None")
     if not spec.on_host:
         return
-    if config.runtime != "async":
-        raise ValueError(f"runtime={config.runtime!r}: env {config.env!r} runs on the host ({spec.backend}), "
-                         "which only the async runtime drives; allowed: runtime='async' (Anakin needs gymnax)")
     for name in ("normalize_observations", "scale_rewards"):
         if getattr(config, name, False):
             raise ValueError(f"{name}=True is not supported yet with host env backends ({spec.backend}); "

@@ -9,6 +9,7 @@ import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
                                     _plain_numbers, _torso_text)
+from tianji_jax import capabilities
 from tianji_jax.config_checks import _check_async_only, _check_host_fields
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
 
@@ -283,7 +284,8 @@ class DQNConfig(_AgentConfig):
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
         if spec.action_kind != "discrete":
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
-        _check_host_fields(self, spec)  # host envs (envpool, gymnasium) need runtime='async'
+        capabilities.check("dqn", self, spec.backend)  # the (runtime, actors, learners, env) cell
+        _check_host_fields(self, spec)
         _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
         object.__setattr__(self, "_env_spec", spec)
         for name in ("episodic_life", "reward_clip"):

@@ -10,6 +10,7 @@ import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
                                     _plain_numbers, _torso_text)
+from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
                                       _check_ray)
 from tianji_jax.envs.registry import EnvSpec, resolve_env
@@ -224,13 +225,14 @@ class PPOConfig(_AgentConfig):
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
         if spec.action_kind not in ("discrete", "continuous"):
             raise ValueError(f"env: PPO handles Discrete and 1-D Box action spaces, got {spec.action_space!r}")
-        _check_host_fields(self, spec)
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
+        _check_int("num_processes", self.num_processes, minimum=1)
+        if self.actor_backend not in ("threads", "ray"):
+            raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
+        capabilities.check("ppo", self, spec.backend)  # the (runtime, actors, learners, env) cell
+        _check_host_fields(self, spec)
         if self.num_learner_devices > 1:
             ld = self.num_learner_devices
-            if self.runtime != "async":
-                raise ValueError(f"num_learner_devices={ld} needs runtime='async' (Anakin runs on one device); "
-                                 f"got runtime={self.runtime!r}")
             if self.num_envs % ld or (self.batch_size // ld) % self.num_minibatches:
                 raise ValueError(
                     f"num_learner_devices={ld} must divide num_envs={self.num_envs} (each replica takes whole env "

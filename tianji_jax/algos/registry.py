@@ -1,0 +1,161 @@
+"""The algorithm registry: name -> :class:`Algorithm` (its config class, data path and the
+functions the generic front end calls). ``tianji train --algo`` choices, :func:`tianji_jax.train`
+dispatch, :func:`tianji_jax.evaluate`, ``config.json`` loading and :func:`tianji_jax.load` all
+come from it.
+
+Registering an algorithm from your own package: call :func:`register_algorithm` at import, or
+declare an entry point in the group ``tianji_jax.algorithms`` whose object is an
+:class:`Algorithm` (loaded the first time a name is looked up or the names are listed). See
+``docs/algorithms.md``.
+
+The functions are given as ``"module:attribute"`` strings and imported when first called, so
+that this module (on the math side of the layering) imports no runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+__all__ = ["Algorithm", "DATA_PATHS", "register_algorithm", "get_algorithm", "algorithm_for", "algorithm_names"]
+
+DATA_PATHS = ("on_policy", "replay")
+"""``on_policy``: consume-once trajectory queue, lag gate at consumption, samples-per-insert 1.
+``replay``: ingress with the lag gate at insert, learner-owned replay, samples-per-insert from the
+algorithm's replay ratio."""
+
+
+def _resolve(ref: str | Callable) -> Callable:
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registered algorithm.
+
+    Attributes:
+        name: the ``--algo`` value and ``config.json``'s ``"algo"`` (lower case, no spaces).
+        config: ``"module:Class"`` (or the class) of its frozen, validated config dataclass.
+        data_path: one of :data:`DATA_PATHS`.
+        train: ``"module:function"`` (or the function) with the signature
+            ``train(config, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
+            check_versions) -> TrainResult`` (:func:`tianji_jax.train` validates the shared
+            arguments and calls it).
+        evaluate: ``evaluate(config, state, num_episodes, seed) -> EvalResult``, the
+            deterministic policy's returns.
+        description: one line for ``--help``.
+        traced_hyperparameters: config fields that may vary without recompiling (empty: every
+            field enters the compile key).
+    """
+
+    name: str
+    config: str | type
+    data_path: Literal["on_policy", "replay"]
+    train: str | Callable
+    evaluate: str | Callable
+    description: str = ""
+    traced_hyperparameters: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or not self.name.replace("_", "").isalnum() \
+                or self.name != self.name.lower():
+            raise ValueError(f"Algorithm.name must be a lower-case identifier such as 'ppo', got {self.name!r}")
+        if self.data_path not in DATA_PATHS:
+            raise ValueError(f"Algorithm.data_path must be one of {DATA_PATHS}, got {self.data_path!r}")
+
+    @property
+    def config_cls(self) -> type:
+        """The config class (imported on first use)."""
+        return _resolve(self.config)
+
+    def train_fn(self) -> Callable:
+        """The train function (imported on first use)."""
+        return _resolve(self.train)
+
+    def evaluate_fn(self) -> Callable:
+        """The evaluate function (imported on first use)."""
+        return _resolve(self.evaluate)
+
+
+_LOCK = threading.Lock()
+_REGISTRY: dict[str, Algorithm] = {}
+_ENTRY_POINTS_LOADED = [False]
+
+
+def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Add ``algorithm`` under ``algorithm.name``; returns it.
+
+    Raises:
+        TypeError: not an :class:`Algorithm`.
+        ValueError: the name is taken (pass ``replace=True`` to override a registration).
+    """
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"register_algorithm takes an Algorithm, got {type(algorithm).__name__}")
+    with _LOCK:
+        if algorithm.name in _REGISTRY and not replace and _REGISTRY[algorithm.name] != algorithm:
+            raise ValueError(f"algorithm {algorithm.name!r} is already registered "
+                             f"(registered: {sorted(_REGISTRY)}); pass replace=True to override it")
+        _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def _load_entry_points() -> None:
+    if _ENTRY_POINTS_LOADED[0]:
+        return
+    _ENTRY_POINTS_LOADED[0] = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="tianji_jax.algorithms"):
+        obj = ep.load()
+        register_algorithm(obj() if callable(obj) and not isinstance(obj, Algorithm) else obj)
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Registered names, built-in first, then in registration order."""
+    _load_entry_points()
+    return tuple(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm registered as ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones).
+    """
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        raise ValueError(f"algo must be one of {algorithm_names()}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def algorithm_for(config: Any) -> Algorithm:
+    """The algorithm whose config class ``config`` is an instance of (the most derived one when
+    several registered classes match).
+
+    Raises:
+        TypeError: no registered algorithm has this config class.
+    """
+    matches = [_REGISTRY[n] for n in algorithm_names() if isinstance(config, _REGISTRY[n].config_cls)]
+    if matches:  # the most specific config class wins (a subclass of PPOConfig registered on its own)
+        return max(matches, key=lambda a: len(a.config_cls.__mro__))
+    names = ", ".join(f"{_REGISTRY[n].config_cls.__name__} ({n})" for n in algorithm_names())
+    raise TypeError(f"config must be one of {names}, got {type(config).__name__}")
+
+
+register_algorithm(Algorithm(
+    name="ppo", config="tianji_jax.algos.ppo.config:PPOConfig", data_path="on_policy",
+    train="tianji_jax.host_ppo:train_ppo", evaluate="tianji_jax.host_ppo:evaluate_ppo",
+    description="PPO (Schulman et al. 2017) with GAE or V-trace; categorical or Gaussian policies"))
+register_algorithm(Algorithm(
+    name="dqn", config="tianji_jax.algos.dqn.config:DQNConfig", data_path="replay",
+    train="tianji_jax.host_dqn:train_dqn", evaluate="tianji_jax.host_dqn:evaluate_dqn",
+    description="the DQN family (Mnih et al. 2015): double Q, n-step, dueling, prioritised replay"))

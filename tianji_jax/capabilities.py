@@ -1,0 +1,164 @@
+"""The capability table: which (algorithm, runtime, actor backend, learner layout, env backend)
+cells tianji_jax supports, and for every other cell the reason, which the config error repeats.
+
+Dimensions of a cell (:class:`Cell`):
+
+* ``algo``: ``"ppo"`` (on-policy data path) or ``"dqn"`` (replay data path);
+* ``runtime``: ``"anakin"`` (act, env step and learn fused in one compiled program on one device)
+  or ``"async"`` (the TianJi runtime: actors and learners run concurrently);
+* ``actors``: ``"threads"`` (actor threads in the learner's process) or ``"ray"`` (remote actor
+  processes on Ray Core); Anakin has no separate actors and is listed under ``"threads"``;
+* ``layout`` of the learners: ``"single"`` (one device), ``"data_parallel"``
+  (``num_learner_devices > 1``), ``"groups"`` (``num_learner_groups > 1``) or ``"multi_host"``
+  (``num_processes > 1``, ``jax.distributed``);
+* ``env``: ``"gymnax"`` (on the device), ``"envpool"`` or ``"gymnasium"`` (on the host).
+
+Rules are checked in order; the first that matches a cell gives its reason. A cell no rule
+matches is supported. :func:`table` enumerates every cell, :func:`markdown` renders it (the
+README's capability section is this output), :func:`check` is what the configs call.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "reason", "table", "markdown",
+           "cell_of", "check"]
+
+ALGOS = ("ppo", "dqn")
+RUNTIMES = ("anakin", "async")
+ACTORS = ("threads", "ray")
+LAYOUTS = ("single", "data_parallel", "groups", "multi_host")
+ENVS = ("gymnax", "envpool", "gymnasium")
+
+_LAYOUT_FIELD = {"data_parallel": "num_learner_devices", "groups": "num_learner_groups", "multi_host": "num_processes"}
+"""The config field that selects each learner layout other than ``single``."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of the five dimensions (see the module docstring)."""
+
+    algo: str
+    runtime: str
+    actors: str
+    layout: str
+    env: str
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """``when(cell)`` true -> the cell is unsupported for ``reason`` (the table's text); the config
+    error names ``field`` (``"layout"``: the field that selects the cell's learner layout) and says
+    ``message`` (a format string over ``field``, ``value``, ``env``, ``backend``; default: the field,
+    its value and the reason)."""
+
+    when: Callable[[Cell], bool]
+    field: str
+    reason: str
+    message: str = "{field}={value!r} is not supported for this cell: {reason}"
+
+
+_HOST = ("envpool", "gymnasium")
+
+RULES: tuple[_Rule, ...] = (
+    # meaningless cells: what Anakin is rules them out
+    _Rule(lambda c: c.runtime == "anakin" and c.env in _HOST, "runtime",
+          "Anakin fuses the env step into one compiled program, which host envs (envpool, gymnasium) cannot enter",
+          "runtime={value!r}: env {env!r} runs on the host ({backend}), which only the async runtime drives; "
+          "allowed: runtime='async' (Anakin needs gymnax)"),
+    _Rule(lambda c: c.actors == "ray" and c.env == "gymnax", "actor_backend",
+          "Ray actors run host envs; gymnax envs on Ray actors are not built yet",
+          "actor_backend='ray' runs host envs (envpool:/gymnasium:) on remote actors; env {env!r} is a gymnax env "
+          "(allowed with actor_backend='threads')"),
+    _Rule(lambda c: c.runtime == "anakin" and c.actors == "ray", "actor_backend",
+          "Anakin has no separate actors (acting is fused with learning)",
+          "actor_backend='ray' needs runtime='async' (Anakin has no separate actors: acting is fused with learning)"),
+    _Rule(lambda c: c.runtime == "anakin" and c.layout != "single", "layout",
+          "Anakin runs on one device in one process",
+          "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
+    # not built yet
+    _Rule(lambda c: c.algo == "dqn" and c.actors == "ray", "actor_backend",
+          "not built yet for the replay data path: remote actors feed PPO's trajectory queue only"),
+    _Rule(lambda c: c.algo == "dqn" and c.layout != "single", "layout",
+          "not built yet for the replay data path: DQN's learner owns one device-resident replay buffer"),
+    _Rule(lambda c: c.actors == "ray" and c.layout in ("groups", "multi_host"), "actor_backend",
+          "Ray actors feed one learner process with one learner group; groups or several learner processes "
+          "with Ray actors are not built yet",
+          "actor_backend='ray' is not supported with {layout_field}={layout_value} yet (Ray actors feed one "
+          "learner process with one learner group); allowed: actor_backend='threads'"),
+)
+"""The rules, in order (first match wins)."""
+
+
+def reason(cell: Cell) -> str | None:
+    """Why ``cell`` is not supported, or None when it is."""
+    for rule in RULES:
+        if rule.when(cell):
+            return rule.reason
+    return None
+
+
+def table() -> list[tuple[Cell, str | None]]:
+    """Every cell with its reason (None: supported), in the order of the dimension tuples."""
+    return [(cell, reason(cell)) for cell in itertools.starmap(Cell, itertools.product(
+        ALGOS, RUNTIMES, ACTORS, LAYOUTS, ENVS))]
+
+
+def markdown() -> str:
+    """The table as markdown: one line per (algo, runtime, actors, layout) with a column per env
+    backend: ``yes`` or the reason's number, reasons listed below."""
+    reasons: list[str] = []
+    lines = ["| algo | runtime | actors | learners | " + " | ".join(ENVS) + " |",
+             "|---|---|---|---|" + "---|" * len(ENVS)]
+    for algo, runtime, actors, layout in itertools.product(ALGOS, RUNTIMES, ACTORS, LAYOUTS):
+        cells = []
+        for env in ENVS:
+            why = reason(Cell(algo, runtime, actors, layout, env))
+            if why is None:
+                cells.append("yes")
+            else:
+                if why not in reasons:
+                    reasons.append(why)
+                cells.append(f"no ({reasons.index(why) + 1})")
+        lines.append(f"| {algo} | {runtime} | {actors} | {layout} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{i + 1}. {r}" for i, r in enumerate(reasons)]
+    return "\n".join(lines) + "\n"
+
+
+def cell_of(algo: str, config: Any, env_backend: str) -> Cell:
+    """The cell a config asks for (fields an algorithm's config lacks take their single value)."""
+    layout = "single"
+    if getattr(config, "num_learner_groups", 1) > 1:
+        layout = "groups"
+    elif getattr(config, "num_processes", 1) > 1:
+        layout = "multi_host"
+    elif getattr(config, "num_learner_devices", 1) > 1:
+        layout = "data_parallel"
+    return Cell(algo, config.runtime, getattr(config, "actor_backend", "threads"), layout, env_backend)
+
+
+def check(algo: str, config: Any, env_backend: str) -> None:
+    """Refuse a config whose cell is not supported, in one line naming the field and the reason.
+
+    Args:
+        algo: the registered algorithm name (``"ppo"``, ``"dqn"``).
+        config: its validated-so-far config (``runtime``, ``env`` and the layout fields it has).
+        env_backend: the resolved env's backend (``"gymnax"``, ``"envpool"``, ``"gymnasium"``).
+
+    Raises:
+        ValueError: e.g. ``"runtime='anakin': env 'envpool:CartPole-v1' runs on the host
+            (envpool), which only the async runtime drives; allowed: runtime='async' (Anakin needs
+            gymnax)"``.
+    """
+    cell = cell_of(algo, config, env_backend)
+    for rule in RULES:
+        if rule.when(cell):
+            layout_field = _LAYOUT_FIELD.get(cell.layout, "num_learner_devices")
+            field = layout_field if rule.field == "layout" else rule.field
+            raise ValueError(rule.message.format(
+                field=field, value=getattr(config, field), env=config.env, backend=env_backend, reason=rule.reason,
+                layout_field=layout_field, layout_value=getattr(config, layout_field, 1)))

@@ -1,0 +1,176 @@
+"""The host loop shared by every algorithm and runtime: how a metrics row reaches the run
+(:func:`make_emit`: evaluation, logging, progress, non-finite monitor, early stop), the Anakin loop
+over compiled chunks (:func:`run_anakin`), the end of a run (:func:`finish`), the async runtime's
+columns (:func:`async_columns`) and resume argument (:func:`async_restore`). The algorithms' own
+pieces (row builders, async host loops) are in :mod:`tianji_jax.host_ppo` and
+:mod:`tianji_jax.host_dqn`."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.logging import ProgressDisplay
+from tianji_jax.profiling import phase
+from tianji_jax.results import TrainResult
+from tianji_jax.run_files import RunFiles, unstack_actors
+from tianji_jax.runtime.anakin import host_metrics
+from tianji_jax.runtime.nonfinite import NonFiniteMonitor
+from tianji_jax.runtime.tail_compile import TailCompile
+
+__all__ = ["mean_or_nan", "make_display", "make_emit", "run_anakin", "finish", "save_params", "async_columns",
+           "async_restore"]
+
+
+def mean_or_nan(total: float, count: int) -> float:
+    """``total / count``, or NaN when ``count`` is 0 (a chunk in which no episode ended)."""
+    return total / count if count > 0 else math.nan
+
+
+def make_display(config: PPOConfig | DQNConfig, progress: bool | None, algo: str) -> ProgressDisplay:
+    """The run's progress bar (shown when ``progress``; None: when stderr is a terminal)."""
+    show = sys.stderr.isatty() if progress is None else progress
+    return ProgressDisplay(config.env_steps, show, description=f"{algo} {config.env_spec.name}")
+
+
+def make_emit(config: PPOConfig | DQNConfig, files: RunFiles, display: ProgressDisplay, start: float,
+              evaluator: Callable | None) -> Callable[[dict[str, float], Any, Any], bool]:
+    """The one way a metrics row reaches the run, in every runtime: ``emit(row, params, obs_rms)``
+    evaluates ``params`` greedily (``evaluator(params, obs_rms, key) -> (returns, lengths)``, key
+    folded from the seed and the row index; None: no evaluation) into ``eval_return_mean`` /
+    ``eval_return_std``, stamps ``wall_time_s`` (seconds since ``start``, plus the restored run's),
+    logs the row and updates the progress display. ``skips`` (the per-update ``nonfinite_skips``
+    of the row, in order) goes into the row's column and a :class:`NonFiniteMonitor`, which raises
+    :class:`NonFiniteError` after the row is logged once ``max_nonfinite_updates`` consecutive
+    updates skipped a step. Returns True when ``config.stop_at_return`` is reached."""
+    monitor = NonFiniteMonitor(config.max_nonfinite_updates, files.last_checkpoint)
+    if files.rows:
+        monitor.prev_env_steps, monitor.prev_update = int(files.rows[-1]["env_steps"]), int(files.rows[-1]["update"])
+
+    def emit(row: dict[str, float], params: Any, obs_rms: Any, skips: np.ndarray) -> bool:
+        row["nonfinite_skips"] = int(np.sum(skips))
+        if evaluator is not None:
+            eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
+            returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
+            row["eval_return_mean"] = float(np.mean(returns))
+            row["eval_return_std"] = float(np.std(returns))
+        row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
+        files.log(row)
+        display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
+                       row.get("policy_lag_mean", math.nan))
+        monitor.observe(skips, row)
+        return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
+
+    return emit
+
+
+def run_anakin(trainer: Callable, tail: TailCompile | None, state: Any, done: int, total: int, chunk_u: int,
+               steps_per_unit: int, make_row: Callable[[dict[str, np.ndarray], int, float], dict[str, float]],
+               emit: Callable[..., bool], files: RunFiles, callback: Callable | None) -> tuple[Any, bool]:
+    """The Anakin host loop (PPO and DQN): compiled chunks of ``chunk_u`` units (PPO updates or DQN
+    iterations of ``steps_per_unit`` env steps each; the last, shorter one is ``tail``'s) from
+    ``done`` to ``total`` units. After each chunk: ``make_row(host metrics, units done, SPS)``,
+    :func:`make_emit`'s ``emit``, a checkpoint when due, then ``callback(row)``; stops early when
+    ``emit`` says so. Returns ``(state, stopped)``."""
+    stopped = False
+    try:
+        while done < total:
+            fn = trainer if total - done >= chunk_u else tail
+            t0 = time.perf_counter()
+            with phase("chunk"):
+                state, metrics = fn(state)  # DQN's chunk donates the previous state
+                m = host_metrics(metrics)
+            k = int(m["episode_count"].shape[0])
+            done += k
+            seconds = time.perf_counter() - t0
+            if tail is not None:
+                tail.after_chunk(state, seconds, (total - done) // chunk_u)
+            row = make_row(m, done, k * steps_per_unit / seconds)
+            stopped = emit(row, state.params, getattr(state, "obs_rms", None), m["nonfinite_skips"])  # DQN: no obs_rms
+            files.maybe_save(state, done * steps_per_unit, {"stopped_early": stopped},
+                             finished=stopped or done >= total)
+            if callback is not None:
+                callback(dict(row))
+            if stopped:
+                break
+    finally:
+        if tail is not None:
+            tail.close()
+    return state, stopped
+
+
+def finish(files: RunFiles, display: ProgressDisplay, run: Callable[[], tuple[Any, bool]]) -> TrainResult:
+    """Run ``run() -> (state, stopped)``, then close the display and the run files whatever
+    happened, and save ``final_params`` into the run directory."""
+    try:
+        state, stopped = run()
+    finally:
+        display.close()
+        files.close()
+    if files.run_dir is not None:
+        save_params(files.run_dir / "final_params", state.params)
+    return files.result(state, stopped)
+
+
+def save_params(path: Path, params: Any) -> None:
+    """Save ``params`` with orbax to ``path`` (the run's ``final_params/``), replacing what is there;
+    multi-host: host copies (orbax refuses process-local arrays)."""
+    import orbax.checkpoint as ocp
+
+    from tianji_jax.checkpoint import _single_process_options
+
+    path = path.resolve()
+    options = _single_process_options(ocp)
+    if options:  # multi-host: orbax refuses process-local jax.Arrays; save host copies
+        params = jax.device_get(params)
+    with phase("final_params"), ocp.StandardCheckpointer(**options) as ckptr:
+        ckptr.save(path, params, force=True)
+        ckptr.wait_until_finished()
+
+
+def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: float,
+                  timers: Iterable[str]) -> dict[str, float]:
+    """The async runtime's columns of a row (PPO and DQN) from the runner's counter snapshots
+    ``snap`` (now) and ``last`` (previous row), ``dt`` seconds apart: production SPS, the rate
+    limiter's observed samples-per-insert and error, dropped counts, actor/learner wait fractions,
+    queue depth, and each phase timer's seconds in ``timers`` since the previous row."""
+    return {
+        "production_sps": (snap["produced"] - last["produced"]) / dt,
+        "spi_observed": snap["sampled"] / max(snap["limiter_inserted"], 1),
+        "limiter_error": snap["limiter_error"],
+        "dropped_stale": snap["dropped_stale"],
+        "dropped_partial": snap["dropped_partial"],
+        "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
+        "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
+        "queue_depth": snap["depth"],
+        **{k: snap[k] - last[k] for k in timers},
+    }
+
+
+def async_restore(restored: Any) -> dict | None:
+    """The ``restore`` argument of :class:`~tianji_jax.runtime.async_ppo.AsyncPPO` /
+    :class:`~tianji_jax.runtime.async_dqn.AsyncDQN` from a restored checkpoint (a
+    :class:`~tianji_jax.checkpoint.Restored`, or None for a new run: None); reports on stderr what
+    the cut leaves out."""
+    if restored is None:
+        return None
+    meta, state = restored.meta, restored.state
+    counters = meta["async_counters"]
+    restore = {"learner": state.learner, "counters": counters, "env_steps": restored.step,
+               "actors": (unstack_actors(state.actor, meta.get("stacked_actors", 0))
+                          if state.actor is not None else None)}
+    if hasattr(state, "replay"):
+        restore["replay"] = state.replay
+    host = state.actor is None
+    print(f"resuming the async run at policy version {int(state.learner.version)} ({restored.step} env steps): "
+          f"{int(counters.get('in_flight', 0))} env steps inserted after the checkpoint (and any rollout then in "
+          "progress) are discarded and acted again" + ("; host envs are re-seeded and reset (their episodes in progress are lost)" if host else ""),
+          file=sys.stderr, flush=True)
+    return restore

@@ -1,0 +1,196 @@
+"""PPO's part of the host loop: its evaluator (:func:`ppo_evaluator`), :func:`train_ppo` (what
+:func:`~tianji_jax.training.train` runs for a :class:`~tianji_jax.config.PPOConfig`), its metrics
+rows (:func:`ppo_row`) and the async runtime's host loop (:func:`run_async_ppo`). The pieces every
+algorithm shares are in :mod:`tianji_jax.host_loop`, looked up there at call time."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from tianji_jax import host_loop  # its functions looked up at call time, where tests patch them
+from tianji_jax.config import PPOConfig
+from tianji_jax.evaluation import EvalResult, make_evaluate
+from tianji_jax.profiling import timed
+from tianji_jax.results import TrainResult
+from tianji_jax.run_files import RunFiles, stack_actors
+from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, shared_train as make_train
+from tianji_jax.runtime.tail_compile import TailCompile
+
+__all__ = ["ppo_evaluator", "train_ppo", "ppo_row", "run_async_ppo"]
+
+
+def ppo_evaluator(config: PPOConfig, trainer: PPOAnakin, num_episodes: int):
+    """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` of ``config`` on
+    ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
+    ``trainer``'s network; compiled once per config and episode count."""
+    if config.env_spec.on_host:  # envpool / gymnasium: episodes on a separate host env
+        from tianji_jax.runtime.host_actor import make_host_evaluate
+
+        return make_host_evaluate(config, jax.jit(trainer.greedy), num_episodes)
+    return make_evaluate(config.env_spec, trainer.apply, trainer.continuous, num_episodes,
+                         config.normalize_observations, cache_key=(compile_key(config), num_episodes))
+
+
+def evaluate_ppo(config: PPOConfig, state: PPOTrainState, num_episodes: int, seed: int) -> EvalResult:
+    """:func:`~tianji_jax.training.evaluate` for a PPO train state: ``num_episodes`` episodes of
+    the deterministic policy (argmax / mean action) with the state's observation statistics frozen,
+    the evaluation envs' key from ``seed`` (arguments checked by the caller)."""
+    fn = ppo_evaluator(config, make_train(config), num_episodes)
+    returns, lengths = jax.device_get(fn(state.params, state.obs_rms, jax.random.PRNGKey(seed)))
+    return EvalResult(returns=np.asarray(returns, np.float64), lengths=np.asarray(lengths, np.int64))
+
+
+def train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
+              check_versions) -> TrainResult:
+    """:func:`~tianji_jax.training.train` for a :class:`~tianji_jax.config.PPOConfig`."""
+    if config.runtime == "async" and config.num_processes == 1:
+        from tianji_jax.runtime.async_ppo import placement
+
+        # device errors before the run dir exists
+        placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
+    if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
+        run_dir, progress = None, False
+    start = time.perf_counter()
+    num_updates, chunk_u = config.num_updates, config.updates_per_chunk
+    trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
+    remainder = num_updates % chunk_u
+    tail = TailCompile(make_train(config, remainder).chunk) if remainder and config.runtime == "anakin" else None
+    evaluator = timed("eval", ppo_evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
+    derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
+               "num_updates": num_updates, "env_steps": config.env_steps,
+               "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
+    files = RunFiles(config, "ppo", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
+                     tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
+                     resumable=config.num_processes == 1 and config.num_learner_groups == 1)
+    if files.finished:
+        files.close()
+        return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
+
+    display = host_loop.make_display(config, progress, "PPO")
+    emit = host_loop.make_emit(config, files, display, start, evaluator)
+
+    def run() -> tuple[Any, bool]:
+        if config.runtime == "async":
+            return run_async_ppo(config, files, emit, callback)
+        state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
+        return host_loop.run_anakin(trainer, tail, state, int(state.learner.version), num_updates, chunk_u,
+                                    config.batch_size, lambda m, done, sps: ppo_row(config, m, done, sps), emit, files,
+                                    callback)
+
+    return host_loop.finish(files, display, run)
+
+
+def ppo_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps: float) -> dict[str, float]:
+    """A metrics row from the per-update metrics of a chunk (each an array over its updates)."""
+    count = int(m["episode_count"].sum())
+    row: dict[str, float] = {
+        "env_steps": updates_done * config.global_batch_size,
+        "update": updates_done,
+        "sps": sps,
+        "episode_return_mean": host_loop.mean_or_nan(float(m["episode_return_sum"].sum()), count),
+        "episode_length_mean": host_loop.mean_or_nan(float(m["episode_length_sum"].sum()), count),
+        "episodes": count,
+        "eval_return_mean": math.nan,
+        "eval_return_std": math.nan,
+        "policy_lag_mean": float(np.mean(m["policy_lag_mean"])),
+        "policy_lag_max": float(np.max(m["policy_lag_max"])),
+    }
+    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+        row[k] = float(np.mean(m[k]))
+    return row
+
+
+def run_async_ppo(config: PPOConfig, files: RunFiles, emit: Callable[..., bool],
+                  callback: Callable[[dict[str, float]], None] | None = None):
+    """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run.
+
+    After each row the checkpoint cut of that version (:meth:`AsyncPPO.cut`: the learner state,
+    each gymnax actor's state right after its newest consumed rollout, the queue's counters; host
+    actors have no saved state) is checkpointed from the host loop; a resume continues from it."""
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    ppo = AsyncPPO(config, restore=host_loop.async_restore(files.restored))
+    print(ppo.describe_placement(), file=sys.stderr, flush=True)
+    runner = ppo.runner
+
+    def extra() -> dict:
+        with ppo.timers_lock:
+            timers = dict(ppo.timers)
+        # the learner state as published with this version and the actors' half of the cut (the
+        # learner thread takes the snapshot right after publishing; the caller handles the event
+        # later, when the learner and the actors may be ahead)
+        cut = ppo.cut()
+        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": ppo.lost_chunks,
+                "learner_states": list(ppo.learner_states), "cut": cut}
+
+    runner.extra_snapshot = extra
+    pending: list[Any] = []
+    last = runner.take_snapshot()
+    stopped = [False]
+    updates = [runner.start_version]  # all learner groups' updates (= the version without groups)
+
+    def on_update(version: int, metrics: Any, item: Any) -> bool:
+        pending.append((runner.group_of(item.actor_id), version, metrics))
+        updates[0] += 1
+        version = updates[0]
+        if version % config.updates_per_chunk and version != config.num_updates:
+            return False
+        # learner groups' metrics live on different devices: stack them on the host, in (group,
+        # version) order whatever order the groups' updates arrived in (the row's means then sum in
+        # one order)
+        ordered = [host_metrics(p) for _, _, p in sorted(pending, key=lambda e: e[:2])]
+        m = jax.tree.map(lambda *xs: np.stack(xs), *ordered)
+        pending.clear()
+        snap = runner.snapshot  # counters taken by the learner thread right after this update
+        dt = max(snap["time"] - last["time"], 1e-9)
+        row = ppo_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
+        row.update(host_loop.async_columns(config, snap, last, dt, ppo.timers))
+        row.update({
+            "consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
+            "reuse": float(config.update_epochs),
+            "lost_chunks": snap["lost_chunks"],
+        })
+        last.clear()
+        last.update(snap)
+        # exactly the version just published, whatever the learner does meanwhile; with learner
+        # groups the publishing group's (actor g is its first actor: its params and obs_rms match)
+        group = runner.group_of(item.actor_id)
+        state_v = snap["learner_states"][group]
+        learner = _distributed_local(config, state_v) if ppo.multi else state_v
+        actors = snap["cut"]["actors"]  # the actors as this version's learner had consumed them
+        # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
+        obs_rms = (jax.device_put(actors[group].obs_rms, ppo.eval_sharding if group == 0 else ppo.group_devices[group])
+                   if actors[0] is not None else None)
+        stop = emit(row, learner.params, obs_rms, m["nonfinite_skips"])
+        saved = PPOTrainState(stack_actors(actors), learner)
+        files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
+                         {"stopped_early": stop, "has_actor": actors[0] is not None,
+                          "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
+                          "async_counters": snap["cut"]["counters"], "learner_group": group},
+                         finished=stop or version >= config.num_updates)
+        if callback is not None:
+            callback(dict(row))
+        if stop:
+            stopped[0] = True
+            return True
+        return False
+
+    try:
+        runner.run(on_update)
+    finally:
+        ppo.close()
+    # the threads have stopped; actor 0 as the final learner version consumed it
+    return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped[0]
+
+
+def _distributed_local(config: PPOConfig, state: Any) -> Any:
+    """This process's local replica of a global learner state (multi-host runs)."""
+    from tianji_jax.runtime.async_ppo import _distributed
+
+    return _distributed(config).local_replica(state)

@@ -1,0 +1,226 @@
+"""The run directory of one :func:`~tianji_jax.training.train` call (:class:`RunFiles`:
+``config.json``, ``provenance.json``, ``metrics.csv`` and the other metric sinks, checkpoints,
+the state restored on resume) and the layout of the train states its checkpoints hold
+(:func:`state_template`, :func:`stack_actors`, :func:`unstack_actors`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
+from tianji_jax.logging import CSVLogger, MetricsSink, TensorBoardLogger
+from tianji_jax.profiling import phase
+from tianji_jax.provenance import provenance
+from tianji_jax.results import METRIC_COLUMNS, TrainResult
+from tianji_jax.run_status import check_new_run_dir
+from tianji_jax.runtime.anakin import PPOTrainState, shared_train as make_train
+
+__all__ = ["RunFiles", "state_template", "stack_actors", "unstack_actors"]
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+class RunFiles:
+    """The run directory of one :func:`~tianji_jax.training.train` call: config/provenance files,
+    the metrics sink (CSV + TensorBoard + W&B), checkpoints, and the state restored on resume.
+    Without a ``run_dir`` only the in-memory rows are kept.
+
+    Args:
+        config: the run's config.
+        algo: ``"ppo"`` or ``"dqn"`` (``config.json``'s and the checkpoints' ``"algo"``).
+        derived: the derived sizes written under ``"derived"`` in ``config.json``.
+        run_dir, resume, checkpoint, tensorboard, wandb, check_versions: as :func:`~tianji_jax.training.train`'s.
+        resumable: whether the checkpoints this run writes can be resumed (``meta["resumable"]``).
+
+    Raises:
+        The errors :func:`~tianji_jax.training.train` documents for an occupied ``run_dir`` and for
+        a checkpoint that ``config`` cannot continue.
+    """
+
+    def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
+                 resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
+                 resumable: bool):
+        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint_verify import restore_for_resume
+
+        self.config, self.algo, self.resumable = config, algo, resumable
+        self.ckpt_cfg = checkpoint if checkpoint is not None else CheckpointConfig()
+        self.rows: list[dict[str, float]] = []
+        self.sink: MetricsSink | None = None
+        self.ckptr: ckpt.RunCheckpointer | None = None
+        self.restored: ckpt.Restored | None = None
+        self.last_saved: int | None = None
+        self.wall_offset = 0.0
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.config_dict = {**config.to_dict(), "algo": algo}
+        self.packages = provenance()["packages"]
+        if self.run_dir is None:
+            return
+        run_dir = self.run_dir
+        if resume:
+            def check(meta: dict) -> None:  # a checkpoint this config cannot continue (raised, not skipped)
+                if meta.get("algo") != algo:
+                    raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, "
+                                                   f"the config given is {algo!r}")
+                ckpt.check_compatible(meta["config"], self.config_dict,
+                                      meta.get("packages") if check_versions else None,
+                                      self.packages if check_versions else None)
+                if not meta.get("resumable", False):
+                    groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
+                    why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
+                           f"written by a multi-host async run (num_processes={procs})" if procs > 1 else
+                           "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
+                    raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
+                                     "tianji_jax.load and tianji eval. Allowed: resume single-process runs without "
+                                     "learner groups, written by this version")
+                if algo == "dqn" and not meta.get("includes_replay", False):
+                    raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
+                                     "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
+
+            # the newest intact checkpoint; an older one than the newest continues in a new directory
+            self.restored, run_dir = restore_for_resume(run_dir, lambda m: state_template(
+                config, m.get("has_actor", True), m.get("stacked_actors", 0)), check)
+            self.run_dir, meta = run_dir, self.restored.meta
+            if checkpoint is None and isinstance(meta.get("checkpoint"), dict):  # the run's own settings
+                self.ckpt_cfg = CheckpointConfig(**meta["checkpoint"])
+            self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
+            self.rows = list(self.restored.rows)
+            self.last_saved = self.restored.step
+            self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
+            _write_json(run_dir / f"provenance_resume_{self.restored.step}.json", provenance())
+        else:
+            check_new_run_dir(run_dir)  # rows or checkpoints; a run stopped before its first row may start again
+            run_dir.mkdir(parents=True, exist_ok=True)
+            resolved = {**self.config_dict, "derived": derived, "description": config.describe()}
+            _write_json(run_dir / "config.json", resolved)
+            _write_json(run_dir / "provenance.json", provenance())
+            self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
+        loggers: list[Any] = [CSVLogger(run_dir / "metrics.csv", METRIC_COLUMNS, rows=self.rows)]
+        try:
+            if tensorboard:
+                purge = self.restored.step + 1 if self.restored is not None else None
+                loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=purge))
+            if wandb:
+                from tianji_jax.logging import WandbLogger
+
+                loggers.append(WandbLogger(run_dir, self.config_dict, resume=resume))
+        except BaseException:
+            for lg in loggers:
+                lg.close()
+            raise
+        self.sink = MetricsSink(loggers)
+
+    def _ckpt_opts(self) -> dict:
+        c = self.ckpt_cfg
+        return dict(keep_checkpoints=c.keep_checkpoints, keep_best_checkpoints=c.keep_best_checkpoints,
+                    async_save=c.async_checkpointing)
+
+    @property
+    def state(self) -> Any:
+        """The restored train state, or None."""
+        return self.restored.state if self.restored is not None else None
+
+    @property
+    def finished(self) -> bool:
+        """The restored checkpoint is the run's last (it had ended or stopped early)."""
+        return self.restored is not None and bool(self.restored.meta.get("finished", False))
+
+    def log(self, row: dict[str, float]) -> None:
+        """Keep ``row`` and write it to the sink."""
+        self.rows.append(row)
+        if self.sink is not None:
+            with phase("log"):
+                self.sink.write(row)
+
+    def maybe_save(self, state: Any, env_steps: int, extra: dict, *, finished: bool) -> None:
+        """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``."""
+        if self.ckptr is None or self.last_saved == env_steps:
+            return
+        every = self.ckpt_cfg.checkpoint_every_env_steps
+        due = every is None or self.last_saved is None or env_steps // every > self.last_saved // every
+        if not (due or finished):
+            return
+        include_replay = self.algo == "dqn" and self.ckpt_cfg.checkpoint_replay
+        meta = {"algo": self.algo, "config": self.config_dict, "packages": self.packages, "env_steps": int(env_steps),
+                "rows": self.rows, "includes_replay": include_replay, "resumable": self.resumable,
+                "finished": bool(finished), "runtime": getattr(self.config, "runtime", "anakin"),
+                "checkpoint": self.ckpt_cfg.to_dict(), **extra}
+        exclude = (".replay",) if self.algo == "dqn" and not include_replay else ()
+        last = self.rows[-1] if self.rows else {}
+        with phase("checkpoint"):
+            self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
+                            exclude_prefixes=exclude)
+        self.last_saved = env_steps
+
+    def last_checkpoint(self, env_steps: int) -> str | None:
+        """The directory of the newest complete checkpoint at or before ``env_steps``, or None."""
+        if self.ckptr is None:
+            return None
+        steps = [st for st in self.ckptr.steps() if st <= env_steps]
+        return str(self.ckptr.directory / str(steps[-1])) if steps else None
+
+    def close(self) -> None:
+        """Finish pending checkpoint writes, close the loggers."""
+        try:
+            if self.ckptr is not None:
+                with phase("checkpoint"):  # waits for pending asynchronous writes
+                    self.ckptr.close()
+        finally:
+            if self.sink is not None:
+                self.sink.close()
+
+    def result(self, state: Any, stopped: bool) -> TrainResult:
+        """The :class:`~tianji_jax.results.TrainResult` of the run: ``state``, the rows kept so far as
+        its ``curve``, ``stopped`` as ``stopped_early``."""
+        curve = {c: np.asarray([r.get(c, math.nan) for r in self.rows], np.float64) for c in METRIC_COLUMNS}
+        return TrainResult(config=self.config, state=state, curve=curve, run_dir=self.run_dir, stopped_early=stopped,
+                           already_finished=self.finished)
+
+
+def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacked_actors: int = 0) -> Any:
+    """An abstract (``jax.eval_shape``) train state of ``config``; ``stacked_actors > 0``: the
+    ``actor`` field holds that many actor states stacked on a leading axis (async runs with
+    several actors)."""
+    key = jax.random.PRNGKey(config.seed)
+    if isinstance(config, DQNConfig):
+        from tianji_jax.runtime.dqn_anakin import DQNTrainState, shared_dqn_train as make_dqn_train
+
+        trainer = make_dqn_train(config)
+        if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
+            return DQNTrainState(None, *jax.eval_shape(
+                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay(config.num_actors)),
+                key))
+        state = jax.eval_shape(trainer.init, key)
+    else:
+        trainer = make_train(config)
+        if not has_actor or config.env_spec.on_host:
+            return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]),
+                                                      key))
+        state = jax.eval_shape(trainer.init, key)
+    if stacked_actors:
+        state = state.replace(actor=jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((stacked_actors, *x.shape), x.dtype), state.actor))
+    return state
+
+
+def stack_actors(actors: list) -> Any:
+    """The ``actor`` field of an async checkpoint: the state of a single actor, or several
+    stacked on a leading ``(num_actors,)`` axis (None for host actors)."""
+    if actors[0] is None:
+        return None
+    return actors[0] if len(actors) == 1 else jax.tree.map(lambda *xs: jax.numpy.stack(xs), *actors)
+
+
+def unstack_actors(actor: Any, stacked: int) -> list:
+    """Inverse of :func:`stack_actors` for ``num_actors`` actors (``stacked`` from the checkpoint's meta)."""
+    if not stacked:
+        return [actor]
+    return [jax.tree.map(lambda x, i=i: x[i], actor) for i in range(stacked)]
