@@ -124,7 +124,7 @@ def save_params(path: Path, params: Any) -> None:
     multi-host: host copies (orbax refuses process-local arrays)."""
     import orbax.checkpoint as ocp
 
-    from tianji_jax.checkpoint import _single_process_options
+    from tianji_jax.checkpoint_io import _single_process_options
 
     path = path.resolve()
     options = _single_process_options(ocp)

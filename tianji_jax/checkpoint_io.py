@@ -1,0 +1,303 @@
+"""The run checkpointer: :class:`RunCheckpointer` writes and reads the orbax checkpoints of one run
+directory (``RUN_DIR/checkpoints/<env_steps>/``); what a checkpoint holds, the format policy and
+the compatibility checks are :mod:`tianji_jax.checkpoint`'s (which re-exports this module's names).
+
+The format constants (``FORMAT_VERSION``, ``MIGRATIONS``, ``ALLOWED_MISSING_LEAVES``) are read from
+:mod:`tianji_jax.checkpoint` at call time, so a test or a migration that replaces them there is seen here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from tianji_jax import checkpoint as fmt
+from tianji_jax.checkpoint import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
+from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads, warn
+
+__all__ = ["RunCheckpointer", "Restored"]
+
+
+def _collect_quietly() -> None:
+    """Collect garbage with warnings ignored: orbax's write coroutines abandoned by a failed save
+    warn when collected ('coroutine ... was never awaited'), and at interpreter exit, where no
+    filter applies any more, as 'sys:1: RuntimeWarning'; the failure is reported once, by
+    :class:`~tianji_jax.checkpoint.CheckpointSaveError`. Registered with ``atexit`` after a failure."""
+    import gc
+    import sys
+
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # the uncaught error's frames
+        if hasattr(sys, name):  # hold those coroutines; nothing reads them after the traceback printed
+            setattr(sys, name, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gc.collect()
+
+
+@dataclass
+class Restored:
+    """A restored checkpoint: ``state`` (the train state pytree, arrays on the default device),
+    ``meta`` (the JSON metadata, see the module docstring), ``rows`` (``metrics.csv`` rows up to
+    this checkpoint, NaN for empty cells) and ``step`` (env steps)."""
+
+    state: Any
+    meta: dict
+    rows: list[dict]
+    step: int
+
+
+def _single_process_options(ocp: Any) -> dict:
+    """Multi-host runs (jax.distributed): only the calling process writes (process 0 owns the run
+    directory), so orbax must not wait for the others at its barriers."""
+    import jax
+
+    if jax.process_count() == 1:
+        return {}
+    me = jax.process_index()
+    return {"multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})}
+
+
+class RunCheckpointer:
+    """The checkpoints of one run directory: ``RUN_DIR/checkpoints/<env_steps>/``.
+
+    Args:
+        run_dir: the run directory.
+        keep_checkpoints: latest checkpoints kept (>= 1).
+        keep_best_checkpoints: best-by-``eval_return_mean`` checkpoints also kept (>= 0).
+        async_save: write in a background thread.
+        read_only: open existing checkpoints only (no directory is created, nothing deleted).
+
+    Raises:
+        CheckpointError: ``read_only`` and ``run_dir/checkpoints`` does not exist or holds no
+            complete checkpoint.
+    """
+
+    def __init__(self, run_dir: str | Path, *, keep_checkpoints: int = 2, keep_best_checkpoints: int = 1,
+                 async_save: bool = True, read_only: bool = False):
+        import orbax.checkpoint as ocp
+        from orbax.checkpoint import checkpoint_managers as cm
+
+        self.run_dir = Path(run_dir)
+        self.directory = (self.run_dir / "checkpoints").resolve()
+        if read_only:
+            if not self.run_dir.is_dir():
+                raise CheckpointError(f"{str(run_dir)!r} does not exist")
+            if not self.directory.is_dir():
+                raise CheckpointError(f"{str(run_dir)!r} holds no checkpoints (no checkpoints/ directory); "
+                                      "is it a run directory written by tianji train?")
+        policies = [cm.LatestN(n=keep_checkpoints)]
+        if keep_best_checkpoints:
+            policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_return_mean"], n=keep_best_checkpoints,
+                                     keep_checkpoints_without_metrics=False))
+        multi = _single_process_options(ocp)
+        if multi and not read_only:  # orbax cannot create the root itself with active_processes set
+            self.directory.mkdir(parents=True, exist_ok=True)
+        with _quiet():
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,
+                create=not read_only and not multi, read_only=read_only, cleanup_tmp_directories=not read_only,
+                **multi)
+            self._ocp = ocp
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._started: list[int] = []  # steps whose save was started
+        self._failed = False  # a save failed
+        self._absl_level: int | None = None  # absl's level before the first save (restored by a clean close)
+        if read_only and not self.steps():
+            raise CheckpointError(f"{str(run_dir)!r} holds no complete checkpoint in checkpoints/ "
+                                  f"(found: {sorted(p.name for p in self.directory.iterdir())})")
+
+    def steps(self) -> list[int]:
+        """Env steps of the complete checkpoints, ascending (temporary, unfinished ones excluded)."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's env steps, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state: Any, meta: dict, *, eval_return: float = math.nan,
+             exclude_prefixes: tuple[str, ...] = ()) -> None:
+        """Start saving ``state`` as checkpoint ``step`` (env steps); returns once the arrays are
+        on the host, the files are written in the background.
+
+        Args:
+            step: env steps taken (the step directory's name).
+            state: the train state pytree (unbatched).
+            meta: JSON-friendly metadata (``rows`` may hold NaN).
+            eval_return: ranking value for the best-N retention (NaN: never counted among the best).
+            exclude_prefixes: leaf paths left out (e.g. ``(".replay",)``).
+        """
+        arrays, leaves = flatten_state(state, exclude_prefixes=exclude_prefixes)
+        sums = leaf_checksums(arrays)  # before orbax copies the arrays (the state may be donated next)
+        for i, rec in enumerate(leaves):
+            if f"leaf_{i:05d}" in sums:
+                rec["checksum"] = sums[f"leaf_{i:05d}"]
+        import tianji_jax  # noqa: PLC0415 - fully imported by the time a run saves
+
+        meta = {**meta, "format": fmt.FORMAT_VERSION, "tianji_jax_version": tianji_jax.__version__, "step": int(step),
+                "leaves": leaves, "rows": _rows_to_json(meta.get("rows", []))}
+        ocp = self._ocp
+        rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
+        self._silence_background()
+        with self._save_errors(step):  # also reports a failure of the previous, asynchronous save
+            self._manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                                  meta=ocp.args.JsonSave(meta)),
+                               metrics={"eval_return_mean": rank}, force=True)
+        self._started.append(int(step))
+
+    def _silence_background(self) -> None:
+        """orbax's writer threads log every failure with a traceback (absl ERROR), some long after
+        the call that started them; a failed save is reported once, by :class:`CheckpointSaveError`."""
+        logger = logging.getLogger("absl")
+        if self._absl_level is None:
+            self._absl_level = logger.level
+        logger.setLevel(logging.CRITICAL)
+
+    @contextlib.contextmanager
+    def _save_errors(self, step: int | None):
+        """Turn any exception of orbax's writing into one :class:`CheckpointSaveError` line."""
+        try:
+            with quiet_abandoned_reads():
+                yield
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore/OS raise many types
+            if not self._failed:
+                atexit.register(_collect_quietly)
+            self._failed = True  # orbax's threads may still log it at exit: keep them silenced
+            failed = [st for st in self._started if st not in set(self.steps())] or ([step] if step is not None else [])
+            done = self.steps()
+            last = str(self.directory / str(done[-1])) if done else "none"
+            raise CheckpointSaveError(
+                f"checkpoint at env step {failed[-1] if failed else '?'} could not be written: {one_line(err)}; "
+                f"training stopped; last complete checkpoint: {last}") from None
+
+    def read_meta(self, step: int | None = None) -> dict:
+        """The metadata of checkpoint ``step`` (default: the latest), in the current format
+        (:func:`migrate_meta`: an older format is migrated).
+
+        Raises:
+            CheckpointError: no such step, or metadata that is not tianji_jax's.
+            CorruptCheckpointError: its metadata cannot be read.
+            CheckpointFormatError: a format newer than :data:`~tianji_jax.checkpoint.FORMAT_VERSION`, or an older one
+                without a migration (one line naming both versions).
+        """
+        step = self._pick(step)
+        try:
+            with _quiet():
+                out = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))
+            meta = out.meta
+        except Exception as err:  # noqa: BLE001 - orbax raises many types; report one clear error
+            raise CorruptCheckpointError(self.directory, step, f"metadata: {one_line(err)}") from None
+        if not isinstance(meta, dict):  # the metadata file is missing or emptied
+            raise CorruptCheckpointError(self.directory, step,
+                                         f"metadata: none could be read (got {type(meta).__name__})")
+        fmt = meta.get("format")
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or not isinstance(meta.get("leaves"), list):
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no tianji metadata (a format "
+                                  "version and leaf records); not written by tianji_jax")
+        return migrate_meta(meta, f"checkpoint {self.directory / str(step)}")
+
+    def restore(self, template: Any, step: int | None = None, meta: dict | None = None) -> Restored:
+        """Restore checkpoint ``step`` (default: the latest) into ``template``'s structure.
+
+        Args:
+            template: a train state (or its ``jax.eval_shape``) of the same config; leaves that the
+                checkpoint did not save (e.g. the replay buffer) are taken from it (zeros for an
+                abstract leaf), and so are leaves it lacks that :data:`~tianji_jax.checkpoint.ALLOWED_MISSING_LEAVES`
+                fills (each reported in one line on stderr, listed in ``meta["filled_leaves"]``).
+            step: env steps of the checkpoint.
+            meta: its metadata if already read (by :meth:`read_meta`).
+
+        Raises:
+            CheckpointError: missing step, corrupt files, an unreadable format, or leaves that do
+                not match ``template``.
+        """
+        step = self._pick(step)
+        meta = meta if meta is not None else self.read_meta(step)
+        device = jax.devices()[0]
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        stored = _stored_records(meta)
+        abstract = {key: jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]), sharding=sharding)
+                    for key, rec in stored.items()}
+        try:
+            with _quiet(), quiet_abandoned_reads():
+                out = self._manager.restore(step, args=self._ocp.args.Composite(
+                    state=self._ocp.args.StandardRestore(abstract)))
+            arrays = dict(out.state)
+        except Exception as err:  # noqa: BLE001
+            reason = f"array data: {one_line(err)}"
+            keys = [k for k in dict.fromkeys(re.findall(r"leaf_\d{5}", reason)) if k in stored]
+            if keys:  # name the leaves of the state
+                reason += " (" + ", ".join(f"{k} is {stored[k]['path']}" for k in keys) + ")"
+            raise CorruptCheckpointError(self.directory, step, reason) from None
+        self._verify(step, arrays, stored)
+        written = meta.get("migrated_from", meta.get("format"))
+        state, filled = _unflatten(template, arrays, meta["leaves"], None, written)
+        for path, why in filled.items():
+            warn(f"checkpoint {self.directory / str(step)}: leaf {path} is not in it; filled as "
+                 f"ALLOWED_MISSING_LEAVES says ({why})")
+        if filled:
+            meta = {**meta, "filled_leaves": sorted(filled)}
+        state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else _materialise(x, device), state)
+        return Restored(state=state, meta=meta, rows=_rows_from_json(meta.get("rows", [])), step=int(step))
+
+    def _verify(self, step: int, arrays: dict[str, Any], stored: dict[str, dict]) -> None:
+        """Compare the restored arrays' checksums with the recorded ones (``stored``: records by
+        array key; records without one, from checkpoints written before checksums, are not checked)."""
+        keyed = {key: rec for key, rec in stored.items() if "checksum" in rec}
+        sums = leaf_checksums({k: arrays[k] for k in keyed if k in arrays})
+        for key, rec in keyed.items():
+            if key in sums and sums[key] != rec["checksum"]:
+                raise CorruptCheckpointError(self.directory, step,
+                                             f"leaf {rec['path']} ({key}) fails its checksum (recorded "
+                                             f"{rec['checksum']:08x}, read {sums[key]:08x}): its data is corrupt")
+
+    def _pick(self, step: int | None) -> int:
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no complete checkpoint in {self.directory}")
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; available: {steps}")
+        return int(step)
+
+    def wait(self) -> None:
+        """Block until every started save is written.
+
+        Raises:
+            CheckpointSaveError: a save failed.
+        """
+        with self._save_errors(None):
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager.
+
+        Raises:
+            CheckpointSaveError: a pending save failed (the manager is released all the same).
+        """
+        try:
+            with _quiet(), self._save_errors(None):
+                self._manager.wait_until_finished()
+        finally:
+            with _quiet(), contextlib.suppress(Exception):
+                self._manager.close()
+        if self._absl_level is not None and not self._failed:  # clean close: orbax's threads are done, its logs may show again
+            logging.getLogger("absl").setLevel(self._absl_level)
+
+
+def _materialise(x: Any, device: Any) -> jax.Array:
+    """An abstract leaf (not saved) becomes zeros; a host array moves to ``device``."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.device_put(np.zeros(x.shape, x.dtype), device)
+    return jax.device_put(np.asarray(x), device)
