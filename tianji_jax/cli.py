@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from tianji_jax.algos.registry import algorithm_for, get_algorithm
+from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -83,6 +83,11 @@ def _args_type(algo: str) -> type:
         ValueError: ``algo`` is not registered (the message lists the registered names).
     """
     spec = get_algorithm(algo)
+    if algo == "ppo":  # the default: its --algo lists every registered name as a choice
+        names = algorithm_names()
+        return dataclasses.make_dataclass(
+            "TrainArgs", [("algo", Literal[names], dataclasses.field(default="ppo"))],  # type: ignore[valid-type]
+            bases=(TrainArgs,), frozen=True, kw_only=True, namespace={"__doc__": TrainArgs.__doc__})
     if algo in _BUILT_IN_ARGS:
         return _BUILT_IN_ARGS[algo]
     return dataclasses.make_dataclass(
