@@ -106,3 +106,24 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     msg = interrupt_message(rows, resumable=True)
     assert "cannot be resumed" in msg and "new directory" in msg and "--resume" not in msg
     assert f"tianji train --resume {ckpt}" in interrupt_message(ckpt, resumable=True)
+
+
+def test_a_directory_of_the_users_own_files_is_never_overwritten(tmp_path):
+    import tianji_jax as tj
+
+    from tianji_jax.run_status import check_new_run_dir
+
+    own = tmp_path / "proj"
+    own.mkdir()
+    (own / "config.json").write_text('{"my_project_setting": 1}')
+    with pytest.raises(FileExistsError, match=r"tianji_jax did not write \(it holds \['config.json'\]\)"):
+        check_new_run_dir(own)
+    (own / "config.json").unlink()
+    (own / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"\['notes.txt'\]"):
+        check_new_run_dir(own)
+    with pytest.raises(FileExistsError):
+        tj.train(tj.PPOConfig(total_env_steps=1024), run_dir=own, progress=False)
+    assert (own / "notes.txt").read_text() == "mine" and sorted(p.name for p in own.iterdir()) == ["notes.txt"]
+    with pytest.raises(ValueError, match="empty string"):
+        tj.train(tj.PPOConfig(total_env_steps=1024), run_dir="", progress=False)

@@ -80,3 +80,16 @@ def test_ppo_finite_run_has_zero_skips():
     result = tj.train(tj.PPOConfig(env="gymnax:CartPole-v1", total_env_steps=4096, num_envs=4,
                                    eval_every_env_steps=2048, eval_episodes=1), progress=False)
     assert np.all(result.curve["nonfinite_skips"] == 0)
+
+
+def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, capsys):
+    """Budget: about 10 s."""
+    from tianji_jax.cli import main
+
+    code = main(["train", "--env", "gymnax:Pendulum-v1", "--learning-rate", "10", "--total-env-steps", "16384",
+                 "--num-envs", "8", "--eval-every-env-steps", "2048", "--eval-episodes", "1",
+                 "--max-nonfinite-updates", "2", "--progress", "False", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2
+    line = [x for x in err.splitlines() if x.startswith("tianji train: error:")]
+    assert len(line) == 1 and "consecutive updates" in line[0] and "Traceback" not in err

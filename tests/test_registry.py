@@ -103,3 +103,21 @@ def test_entry_points_register_on_first_lookup(monkeypatch):
         assert "logged_ppo" in tj.algorithm_names()
     finally:
         registry._REGISTRY.pop("logged_ppo", None)
+
+
+def test_a_broken_plugin_is_skipped_with_a_warning(monkeypatch):
+    class Broken:
+        name = "broken"
+
+        @staticmethod
+        def load():
+            raise ImportError("No module named 'nothere'")
+
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", [False])
+    with pytest.warns(RuntimeWarning, match=r"entry point 'broken' skipped: ImportError: No module named 'nothere'"):
+        names = tj.algorithm_names()
+    assert names[:2] == ("ppo", "dqn") and "broken" not in names
+    assert registry.algorithm_for(tj.PPOConfig()).name == "ppo"

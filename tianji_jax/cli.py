@@ -232,6 +232,7 @@ def _train(argv: list[str]) -> int:
     if isinstance(args, int):
         return args
     from tianji_jax.checkpoint import CheckpointError
+    from tianji_jax.runtime.nonfinite import NonFiniteError
     from tianji_jax.training import train
 
     config = args.config
@@ -261,6 +262,9 @@ def _train(argv: list[str]) -> int:
     try:
         result = train(config, run_dir=run_dir, progress=args.progress, **extras)
     except (FileExistsError, NotADirectoryError, CheckpointError, ValueError, ImportError) as err:
+        print(f"tianji train: error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteError as err:  # the non-finite guard's stop: its message says what and where
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then

@@ -39,14 +39,29 @@ def complete_checkpoints(run_dir: str | Path) -> list[int]:
     return sorted(int(n) for n in checkpoint_entries(run_dir) if n.isdigit() and (path / n).is_dir())
 
 
+_RUN_ENTRIES = frozenset({"config.json", "provenance.json", "metrics.csv", "checkpoints", "tensorboard", "profile",
+                          "wandb", "final_params"})
+"""What a run directory written by :func:`tianji_jax.train` may hold before its first row."""
+
+
 def check_new_run_dir(run_dir: str | Path) -> None:
     """Allow a new run in ``run_dir`` unless it already holds one: a ``metrics.csv`` with rows or
     anything under ``checkpoints/``. A directory left by a run stopped before its first row (config
-    files, a header-only ``metrics.csv``, an empty ``checkpoints/``) may be used again.
+    files, a header-only ``metrics.csv``, an empty ``checkpoints/``) may be used again; a directory
+    holding anything else (files tianji_jax did not write) is refused, never overwritten.
 
     Raises:
-        FileExistsError: ``run_dir`` holds a run (the message says what and how to go on).
+        ValueError: ``run_dir`` is an empty string.
+        FileExistsError: ``run_dir`` holds a run or files of its own (the message says what and how
+            to go on).
     """
+    if str(run_dir).strip() == "":
+        raise ValueError("run_dir must be a directory path, got an empty string")
+    path = Path(run_dir)
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in _RUN_ENTRIES) if path.is_dir() else []
+    if foreign or (path / "config.json").is_file() and '"algo"' not in (path / "config.json").read_text():
+        raise FileExistsError(f"run_dir={str(run_dir)!r} is a directory that tianji_jax did not write (it holds "
+                              f"{(foreign or ['config.json'])[:3]}); choose a new or empty directory")
     rows, entries = metrics_rows(run_dir), checkpoint_entries(run_dir)
     if rows or entries:
         held = ", ".join(([f"{rows} metrics.csv row(s)"] if rows else [])

@@ -158,6 +158,8 @@ def train(
     algo = algorithm_for(config)  # TypeError naming the registered config classes
     if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
         raise TypeError(f"checkpoint must be a CheckpointConfig, got {type(checkpoint).__name__}")
+    if run_dir is not None and str(run_dir).strip() == "":
+        raise ValueError("run_dir must be a directory path or None, got an empty string")
     if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise NotADirectoryError(f"run_dir={str(run_dir)!r} is a file; allowed: a new directory, or (with resume) "
                                  "the directory of an earlier run")

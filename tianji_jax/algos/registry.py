@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -51,7 +52,7 @@ class Algorithm:
             arguments and calls it).
         evaluate: ``evaluate(config, state, num_episodes, seed) -> EvalResult``, the
             deterministic policy's returns.
-        description: one line for ``--help``.
+        description: one line describing it (for listings; not shown by ``--help`` yet).
         traced_hyperparameters: config fields that may vary without recompiling (empty: every
             field enters the compile key).
     """
@@ -114,8 +115,12 @@ def _load_entry_points() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="tianji_jax.algorithms"):
-        obj = ep.load()
-        register_algorithm(obj() if callable(obj) and not isinstance(obj, Algorithm) else obj)
+        try:
+            obj = ep.load()
+            register_algorithm(obj() if callable(obj) and not isinstance(obj, Algorithm) else obj)
+        except Exception as err:  # noqa: BLE001 - another package's plugin must not break tianji
+            warnings.warn(f"tianji_jax: algorithm entry point {ep.name!r} skipped: {type(err).__name__}: {err}",
+                          RuntimeWarning, stacklevel=2)
 
 
 def algorithm_names() -> tuple[str, ...]:
