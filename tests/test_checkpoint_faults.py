@@ -25,6 +25,7 @@ import tianji_jax as tj
 from tianji_jax.checkpoint import (CheckpointError, CorruptCheckpointError, RunCheckpointer, flatten_state,
                                    unflatten_state)
 from tianji_jax.checkpoint_verify import continuation_dir, continued_in, one_line, quiet_abandoned_reads
+from test_checkpoint import Interrupt, assert_trees_equal, interrupt_after  # the interrupted-run helpers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,31 +36,6 @@ PPO = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_e
 DQN1 = dict(num_envs=4, num_steps=2, buffer_capacity=512, batch_size=16, learning_starts=48, replay_ratio=0.25,
             n_step=1, target_update_period=4, total_env_steps=8 * 20, eval_every_env_steps=8 * 10,
             eval_episodes=2, hidden_sizes=(16,))
-
-
-class Interrupt(Exception):
-    """Raised from the callback to interrupt a run after a given number of chunks."""
-
-
-def interrupt_after(n: int):
-    seen = []
-
-    def callback(row):
-        seen.append(row)
-        if len(seen) == n:
-            raise Interrupt
-
-    return callback
-
-
-def assert_trees_equal(a, b):
-    la, ta = jax.tree_util.tree_flatten_with_path(a)
-    lb, tb = jax.tree_util.tree_flatten_with_path(b)
-    assert ta == tb
-    for (path, x), (_, y) in zip(la, lb):
-        x, y = np.asarray(x), np.asarray(y)
-        assert x.dtype == y.dtype and x.shape == y.shape, jax.tree_util.keystr(path)
-        assert np.array_equal(x, y), f"{jax.tree_util.keystr(path)} differs"
 
 
 def snapshot(directory: Path) -> dict[str, tuple]:

@@ -79,9 +79,10 @@ def _digests(text: str) -> dict[int, str]:
     return {int(u): h for u, h in re.findall(r"update (\d+) params_sha256 ([0-9a-f]+)", text)}
 
 
-@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
-def test_two_processes_train_with_identical_replicas(tmp_path):
-    procs = _launch(tmp_path, ["--total-env-steps", str(2 * 64 * 4), "--eval-every-env-steps", "128"])
+def _train_pair(tmp_path: Path, extra: list[str]) -> tuple[dict[int, str], dict[int, str]]:
+    """Two processes train to the end (both exit 0, else their stderr tails are shown); each
+    one's ``{update: params digest}``. The children are killed by pid whatever happens."""
+    procs = _launch(tmp_path, extra)
     try:
         rcs = [p.wait(200) for p in procs]
     finally:
@@ -89,6 +90,12 @@ def test_two_processes_train_with_identical_replicas(tmp_path):
             p.kill()
     assert rcs == [0, 0], [p.text[-3000:] for p in procs]
     d0, d1 = _digests(procs[0].text), _digests(procs[1].text)
+    return d0, d1
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
+def test_two_processes_train_with_identical_replicas(tmp_path):
+    d0, d1 = _train_pair(tmp_path, ["--total-env-steps", str(2 * 64 * 4), "--eval-every-env-steps", "128"])
     assert sorted(d0) == [1, 2, 3, 4] and d0 == d1   # identical replicas after every update
     assert len(set(d0.values())) == 4                 # and the params did change every update
     import csv
@@ -104,14 +111,7 @@ def test_two_processes_train_with_identical_replicas(tmp_path):
 def test_two_processes_on_host_envs_keep_identical_replicas(tmp_path, env):
     """The capability table's multi-host cells on host env backends: each process's actors step
     their own host envs; the replicas stay identical after every update."""
-    procs = _launch(tmp_path, ["--env", env, "--total-env-steps", str(2 * 64 * 3), "--eval-every-env-steps", "128"])
-    try:
-        rcs = [p.wait(200) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
-    d0, d1 = _digests(procs[0].text), _digests(procs[1].text)
+    d0, d1 = _train_pair(tmp_path, ["--env", env, "--total-env-steps", str(2 * 64 * 3), "--eval-every-env-steps", "128"])
     assert sorted(d0) == [1, 2, 3] and d0 == d1 and len(set(d0.values())) == 3
 
 

@@ -10,34 +10,5 @@ and its run configuration.
 The actor rollout and learner update built on them are in :mod:`tianji_jax.runtime.dqn_parts`.
 """
 
-from tianji_jax.algos.dqn.math import (
-    NStepReturns,
-    Transition,
-    apex_epsilons,
-    double_q_target,
-    gather_time,
-    linear_epsilon,
-    max_q_target,
-    n_step_returns,
-    n_step_targets,
-    n_step_transitions,
-    periodic_hard_update,
-    polyak_update,
-    td_loss,
-)
-
-__all__ = [
-    "NStepReturns",
-    "Transition",
-    "n_step_returns",
-    "gather_time",
-    "n_step_transitions",
-    "n_step_targets",
-    "max_q_target",
-    "double_q_target",
-    "td_loss",
-    "polyak_update",
-    "periodic_hard_update",
-    "linear_epsilon",
-    "apex_epsilons",
-]
+from tianji_jax.algos.dqn.math import *  # noqa: F401,F403 - the math, re-exported
+from tianji_jax.algos.dqn.math import __all__  # noqa: F401
