@@ -25,6 +25,9 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     ("ppo", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_two_remote_actors_solve_cartpole",
     **{("ppo", "async", "ray", layout, env): "tests/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"))},
+    ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
+    ("dqn", "async", "ray", "single", "gymnasium"):
+        "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run",
 }
 
 
@@ -37,12 +40,14 @@ def _kwargs(cell: Cell) -> dict:
         kw.update(_LAYOUT[cell.layout])
     else:
         kw.update(num_envs=4, num_steps=4, learning_starts=64, buffer_capacity=512, batch_size=16, replay_ratio=0.25)
+        if cell.actors != "threads":
+            kw["actor_backend"] = cell.actors
     return kw
 
 
 def _expressible(cell: Cell) -> bool:
-    """Cells a config can ask for (DQN's config has no actor or learner-layout fields yet)."""
-    return cell.algo == "ppo" or (cell.actors == "threads" and cell.layout == "single")
+    """Cells a config can ask for (DQN's config has no learner-layout fields yet)."""
+    return cell.algo == "ppo" or cell.layout == "single"
 
 
 def test_readme_shows_the_generated_table():

@@ -131,6 +131,26 @@ def test_ray_cells_of_the_capability_table_run(cluster, env, learners):
     assert np.all(c["policy_lag_max"] <= config.policy_lag_bound) and np.all(c["lost_chunks"] == 0)
 
 
+DQN_SMALL = dict(runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=8, batch_size=32,
+                 learning_starts=200, buffer_capacity=2000, replay_ratio=1 / 32, eval_episodes=0, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env", ["envpool:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_dqn_ray_cells_of_the_capability_table_run(cluster, env):
+    """DQN's Ray cells: remote actors build their n-step transitions and feed the learner's replay
+    ingress; every delivered env step is counted, nothing lost, the replay ratio held."""
+    from tianji_jax.config import DQNConfig
+
+    config = DQNConfig(env=env, **DQN_SMALL, total_env_steps=2000, eval_every_env_steps=500)
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 1500
+    np.testing.assert_allclose(c["replay_ratio_observed"][-1], config.replay_ratio, rtol=0.25)
+    assert np.all(np.isfinite(c["td_loss"]))
+
+
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
     its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""
@@ -155,7 +175,7 @@ def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
     config = PPOConfig(**SMALL, total_env_steps=4 * 32 * 5000, ray_max_restarts=2)
     ppo = AsyncPPO(config)
     try:
-        clients = ppo.ray_actors
+        clients = ppo.remote.clients
         killed = _kill_during_rollout(clients[0], after_chunks=3)
 
         def restarted_actor_delivered(*_):  # stop once the restarted process has inserted 3 chunks
@@ -177,9 +197,61 @@ def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
         assert [len(log) for log in runner.actor_logs] == [len(c.chunks) for c in clients]
         assert runner.buffer.produced == len(metas) * config.batch_size
         assert [m.version for m in clients[0].chunks] == runner.actor_logs[0]
-        assert len({m.version for m in metas}) <= ppo.param_publisher.puts <= done + 1  # one put per version
+        assert len({m.version for m in metas}) <= ppo.remote.publisher.puts <= done + 1  # one put per version
     finally:
         ppo.close()
+
+
+@pytest.mark.timeout(240)
+def test_killed_remote_dqn_actor_loses_one_chunk_and_every_env_step_is_counted(cluster):
+    """Replay data path, a remote actor SIGKILLed mid-rollout: its chunk is lost once (counted in
+    ``lost_chunks``, never inserted), Ray restarts it, and the ingress counters close:
+    ``produced == inserted + dropped_stale + resident`` with ``produced`` the env steps of every
+    delivered chunk, and env steps acted == delivered + lost chunk x chunk size."""
+    from tianji_jax.config import DQNConfig
+    from tianji_jax.runtime.async_dqn import AsyncDQN
+
+    config = DQNConfig(env="envpool:CartPole-v1", **DQN_SMALL, total_env_steps=200_000, ray_max_restarts=2)
+    dqn = AsyncDQN(config)
+    try:
+        clients = dqn.remote.clients
+        killed = _kill_during_rollout(clients[0], after_chunks=3)
+        done = dqn.runner.run(lambda *_: sum(m.incarnation == 1 for m in clients[0].chunks) >= 3)
+        assert 0 < done < config.learning_iterations
+        assert len(killed) == 1 and dqn.lost_chunks == 1 and clients[0].deaths == 1 and clients[1].lost_chunks == 0
+        metas = [m for c in clients for m in c.chunks]
+        assert len({(m.actor_id, m.pid, m.seq) for m in metas}) == len(metas)  # none delivered twice
+        buf = dqn.runner.buffer
+        assert buf.produced == sum(m.num_steps for m in metas) == len(metas) * config.iteration_env_steps
+        assert buf.produced == buf.inserted + buf.dropped_stale + buf.resident
+        # the replay holds no more items than the env steps inserted (n-step windows lag n - 1 steps)
+        assert int(dqn.replay_state.num_inserted) <= buf.inserted
+    finally:
+        dqn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_dqn_with_two_remote_actors_solves_cartpole(cluster):
+    """Acceptance of the DQN Ray cell: two remote actors on the actor node (8 envpool CartPole-v1
+    envs each) feed the learner's replay; the greedy policy's eval return (10 episodes after every
+    row of 5k env steps) reaches 475 within 150k env steps, seed 0. Settings of
+    ``test_dqn_host.test_async_dqn_learns_envpool_cartpole`` (SB3 rl-zoo-style CartPole DQN with
+    Polyak targets, Double DQN, 3-step targets, replay ratio 0.25), split over two actors."""
+    from tianji_jax.config import DQNConfig
+
+    budget = 150_000
+    config = DQNConfig(env="envpool:CartPole-v1", runtime="async", actor_backend="ray", num_actors=2, seed=0,
+                       total_env_steps=budget, num_envs=8, num_steps=8, replay_ratio=0.25, batch_size=64,
+                       learning_rate=1e-3, learning_starts=1000, buffer_capacity=50_000, hidden_sizes=(256, 256),
+                       target_update_period=None, tau=0.005, epsilon_end=0.02, epsilon_decay_fraction=0.125,
+                       eval_episodes=10, eval_every_env_steps=5000, stop_at_return=475)
+    result = tj.train(config, progress=False)
+    c = result.curve
+    print(f"DQN on 2 Ray actors: eval returns {np.round(c['eval_return_mean'], 1).tolist()} at env steps "
+          f"{c['env_steps'].astype(int).tolist()}; lost chunks {int(c['lost_chunks'][-1])}")
+    assert result.stopped_early and c["eval_return_mean"][-1] >= 475 and c["env_steps"][-1] <= budget
+    assert np.all(c["lost_chunks"] == 0)
 
 
 @pytest.mark.timeout(180)
@@ -190,7 +262,7 @@ def test_actor_dying_past_max_restarts_stops_the_run(cluster):
     config = PPOConfig(**{**SMALL, "num_actors": 1}, total_env_steps=4 * 32 * 200, ray_max_restarts=0)
     ppo = AsyncPPO(config)
     try:
-        _kill_during_rollout(ppo.ray_actors[0], after_chunks=2)
+        _kill_during_rollout(ppo.remote.clients[0], after_chunks=2)
         with pytest.raises(RemoteActorError, match="no longer restarts it .max_restarts=0"):
             ppo.runner.run(lambda *_: False)
         assert ppo.runner.buffer.produced == 2 * config.batch_size

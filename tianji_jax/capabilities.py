@@ -80,8 +80,6 @@ RULES: tuple[_Rule, ...] = (
           "Anakin runs on one device in one process",
           "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
     # not built yet
-    _Rule(lambda c: c.algo == "dqn" and c.actors == "ray", "actor_backend",
-          "not built yet for the replay data path: remote actors feed PPO's trajectory queue only"),
     _Rule(lambda c: c.algo == "dqn" and c.layout != "single", "layout",
           "not built yet for the replay data path: DQN's learner owns one device-resident replay buffer"),
     _Rule(lambda c: c.actors == "ray" and c.layout in ("groups", "multi_host"), "actor_backend",

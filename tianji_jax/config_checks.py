@@ -55,7 +55,7 @@ def _check_distributed(config: Any) -> None:
 
 
 def _check_ray(config: Any, spec: EnvSpec) -> None:
-    """The Ray actor fields of a :class:`~tianji_jax.config.PPOConfig` (clear errors naming the field)."""
+    """The Ray actor fields of an algorithm config (clear errors naming the field)."""
     _check_int("ray_max_restarts", config.ray_max_restarts, minimum=0)
     if config.actor_backend not in ("threads", "ray"):
         raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {config.actor_backend!r}")

@@ -140,7 +140,7 @@ def run_async_dqn(config: DQNConfig, files: RunFiles, emit: Callable[..., bool],
         # device copies of (learner, replay) and the actors' half of the checkpoint cut, which the
         # learner thread took at this block when a row is due
         return {**timers, "state_copy": dqn.snapshot, "cut": dqn.snapshot_cut,
-                "dropped_partial": dqn.env_steps_discarded}
+                "dropped_partial": dqn.env_steps_discarded, "lost_chunks": dqn.lost_chunks}
 
     runner.extra_snapshot = extra
     pending: list[dict] = []

@@ -139,7 +139,7 @@ def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: flo
                   timers: Iterable[str]) -> dict[str, float]:
     """The async runtime's columns of a row (PPO and DQN) from the runner's counter snapshots
     ``snap`` (now) and ``last`` (previous row), ``dt`` seconds apart: production SPS, the rate
-    limiter's observed samples-per-insert and error, dropped counts, actor/learner wait fractions,
+    limiter's observed samples-per-insert and error, dropped and lost counts, actor/learner wait fractions,
     queue depth, and each phase timer's seconds in ``timers`` since the previous row."""
     return {
         "production_sps": (snap["produced"] - last["produced"]) / dt,
@@ -147,6 +147,7 @@ def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: flo
         "limiter_error": snap["limiter_error"],
         "dropped_stale": snap["dropped_stale"],
         "dropped_partial": snap["dropped_partial"],
+        "lost_chunks": snap["lost_chunks"],
         "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
         "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
         "queue_depth": snap["depth"],

@@ -154,7 +154,6 @@ def run_async_ppo(config: PPOConfig, files: RunFiles, emit: Callable[..., bool],
         row.update({
             "consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
             "reuse": float(config.update_epochs),
-            "lost_chunks": snap["lost_chunks"],
         })
         last.clear()
         last.update(snap)

@@ -52,6 +52,15 @@ class Algorithm:
             arguments and calls it).
         evaluate: ``evaluate(config, state, num_episodes, seed) -> EvalResult``, the
             deterministic policy's returns.
+        host_actor: ``"module:function"`` (or the function) building one actor on a host env
+            for the generic remote (Ray) worker, or None (the algorithm has no remote actors):
+            ``host_actor(config, actor_id, device, *, seed, timer, key_folds, run_env_steps) ->
+            actor``, where ``actor(params, version) -> (chunk, env_steps)`` acts with the policy
+            on ``device`` and ``chunk`` is a pytree the learner's insert takes once placed on its
+            device (host arrays after ``jax.device_get``); the actor has ``chunker`` (its
+            :class:`~tianji_jax.runtime.chunker.TrajectoryChunker`) and ``close()``. Its PRNG
+            key is the algorithm's actor key folded with each of ``key_folds`` in turn; its
+            envs are seeded from ``seed`` (not ``config.seed``); ``timer(name, t0)`` adds phase seconds; ``run_env_steps()`` is the run's env steps.
         description: one line describing it (for listings; not shown by ``--help`` yet).
         traced_hyperparameters: config fields that may vary without recompiling (empty: every
             field enters the compile key).
@@ -62,6 +71,7 @@ class Algorithm:
     data_path: Literal["on_policy", "replay"]
     train: str | Callable
     evaluate: str | Callable
+    host_actor: str | Callable | None = None
     description: str = ""
     traced_hyperparameters: tuple[str, ...] = field(default=())
 
@@ -84,6 +94,17 @@ class Algorithm:
     def evaluate_fn(self) -> Callable:
         """The evaluate function (imported on first use)."""
         return _resolve(self.evaluate)
+
+    def host_actor_fn(self) -> Callable:
+        """The host actor factory (imported on first use).
+
+        Raises:
+            ValueError: the algorithm registered none (it cannot run remote actors).
+        """
+        if self.host_actor is None:
+            raise ValueError(f"algorithm {self.name!r} registered no host_actor factory: it cannot run remote "
+                             "actors (actor_backend='ray'); allowed: actor_backend='threads'")
+        return _resolve(self.host_actor)
 
 
 _LOCK = threading.Lock()
@@ -159,8 +180,10 @@ def algorithm_for(config: Any) -> Algorithm:
 register_algorithm(Algorithm(
     name="ppo", config="tianji_jax.algos.ppo.config:PPOConfig", data_path="on_policy",
     train="tianji_jax.host_ppo:train_ppo", evaluate="tianji_jax.host_ppo:evaluate_ppo",
+    host_actor="tianji_jax.runtime.host_actor:ppo_host_actor",
     description="PPO (Schulman et al. 2017) with GAE or V-trace; categorical or Gaussian policies"))
 register_algorithm(Algorithm(
     name="dqn", config="tianji_jax.algos.dqn.config:DQNConfig", data_path="replay",
     train="tianji_jax.host_dqn:train_dqn", evaluate="tianji_jax.host_dqn:evaluate_dqn",
+    host_actor="tianji_jax.runtime.dqn_host:dqn_host_actor",
     description="the DQN family (Mnih et al. 2015): double Q, n-step, dueling, prioritised replay"))

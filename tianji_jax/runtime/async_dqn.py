@@ -245,6 +245,7 @@ class AsyncDQN:
         self._zero_stats()
         self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
         self.host_actors: list[DQNHostActor] = []
+        self.remote = None  # RemoteActors (actor_backend='ray')
         if config.env_spec.on_host:
             self.timers.update(inference_s=0.0, env_step_s=0.0)
             self._actor_states = [None] * config.num_actors
@@ -253,14 +254,19 @@ class AsyncDQN:
                 keys = [jax.random.fold_in(k, int(restore["env_steps"])) for k in keys]
                 env_seed = resume_seed(config.seed, int(restore["env_steps"]))
             try:
-                for i, k in enumerate(keys):
-                    self.host_actors.append(DQNHostActor(
-                        config, self.parts, host_act, build, i, k, self.actor_device, self.learner_device,
-                        self._run_env_steps, self._time, seed=env_seed))
+                if config.actor_backend == "ray":
+                    from tianji_jax.runtime.ray_actors import RemoteActors
+
+                    self.remote = RemoteActors(config, self._remote_to_learner, self._time, self._run_env_steps)
+                else:
+                    for i, k in enumerate(keys):
+                        self.host_actors.append(DQNHostActor(
+                            config, self.parts, host_act, build, i, k, self.actor_device, self.learner_device,
+                            self._run_env_steps, self._time, seed=env_seed))
             except BaseException:
                 self.close()
                 raise
-            actors = list(self.host_actors)
+            actors = list(self.remote.clients if self.remote is not None else self.host_actors)
         else:
             if actors is None:
                 actors = [self.parts.init_actor(k) for k in keys]
@@ -276,6 +282,8 @@ class AsyncDQN:
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
             schedule=config.schedule)
+        if self.remote is not None:
+            self.remote.bind(self.runner.stop)
         if restore is not None:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
@@ -296,18 +304,37 @@ class AsyncDQN:
         return self.runner.buffer.produced
 
     def close(self) -> None:
-        """Close the host envs of host actors (idempotent; nothing to do for gymnax actors)."""
+        """Close the host envs of host actors, kill remote Ray actors and shut down the Ray
+        instance this run started (idempotent; nothing to do for gymnax actors)."""
         for actor in self.host_actors:
             actor.close()
+        if self.remote is not None:
+            self.remote.close()
 
     @property
     def env_steps_discarded(self) -> int:
         """Host actors: env steps dropped before insertion because a rollout started with newer
         params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
-        return sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+        return (sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
+                + (0 if self.remote is None else self.remote.env_steps_discarded))
+
+    @property
+    def lost_chunks(self) -> int:
+        """Chunks lost to remote actor deaths (actor_backend='ray'; never inserted); 0 otherwise."""
+        return 0 if self.remote is None else self.remote.lost_chunks
+
+    def _remote_to_learner(self, data: tuple) -> tuple:
+        """A remote actor's chunk (host arrays, as :class:`DQNHostActor` returns it) on the
+        learner device; a frame chunk's sequence number stays a Python int."""
+        (items, item_version, mask, stats), _ = data
+        if self.parts.frame_replay:
+            return (jax.device_put(items, self.learner_device), int(item_version), None, stats), None
+        return (*jax.device_put((items, item_version, mask), self.learner_device), stats), None
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
+        if self.remote is not None:
+            return self.remote.describe(f"{self.learner_device} (with the replay buffer)")
         same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
         return f"placement: actors on {self.actor_device}, learner and replay buffer on {self.learner_device}{same}"
 

@@ -8,7 +8,6 @@ learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -188,23 +187,16 @@ class AsyncPPO:
         self._discarded_before = int(counters.get("dropped_partial", 0))
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         self.host_actors: list[HostActor] = []
-        self.ray_actors: list = []  # RayActorClient per remote actor (actor_backend='ray')
-        self.ray_context = None
+        self.remote = None  # RemoteActors (actor_backend='ray')
         self.watchdog = None
         if config.env_spec.on_host:
             self._actor_states = [None] * config.num_actors
             self.obs_rms = None
             try:
                 if config.actor_backend == "ray":
-                    from tianji_jax.runtime import ray_actors
+                    from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    # a private local instance offers a CPU slot per actor, even past the cores it has
-                    # (remote actors seed their envs afresh in every process, so a resume needs no env_seed)
-                    self.ray_context = ray_actors.RayContext(
-                        config.ray_address, num_cpus=max(os.cpu_count() or 1, config.num_actors))
-                    self.param_publisher = ray_actors.ParamPublisher()
-                    self.ray_actors = ray_actors.make_ray_actors(config, self.param_publisher, self.to_learner,
-                                                                 self._time)
+                    self.remote = RemoteActors(config, self.to_learner, self._time)
                 else:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
@@ -213,7 +205,7 @@ class AsyncPPO:
             except BaseException:
                 self.close()
                 raise
-            actors = list(self.ray_actors or self.host_actors)
+            actors = list(self.remote.clients if self.remote is not None else self.host_actors)
         else:
             if restore is not None:
                 states = restore["actors"]
@@ -237,8 +229,8 @@ class AsyncPPO:
             raise
         self.averager = (ParamAverager(groups, self.group_devices, config.stall_timeout_s, self.runner.stop)
                          if groups > 1 else None)
-        for client in self.ray_actors:  # a remote rollout in flight returns as soon as the run stops
-            client.stop = self.runner.stop
+        if self.remote is not None:
+            self.remote.bind(self.runner.stop)
         self.consumed_actor_states: list = list(self._actor_states)
         if restore is not None:
             self.runner.buffer.restore_counters(counters)
@@ -286,22 +278,15 @@ class AsyncPPO:
         instance this run started (idempotent; nothing to do for gymnax actors)."""
         for actor in self.host_actors:
             actor.close()
-        if self.ray_context is not None:
-            from tianji_jax.runtime.ray_actors import require_ray
-
-            ray = require_ray()
-            if ray.is_initialized():
-                for client in self.ray_actors:
-                    ray.kill(client.handle, no_restart=True)
-            self.ray_context.close()
-            self.ray_context = None
+        if self.remote is not None:
+            self.remote.close()
         if self.watchdog is not None:
             self.watchdog.close()
 
     @property
     def lost_chunks(self) -> int:
         """Rollouts lost to remote actor deaths (actor_backend='ray'; never inserted); 0 otherwise."""
-        return sum(c.lost_chunks for c in self.ray_actors)
+        return 0 if self.remote is None else self.remote.lost_chunks
 
     @property
     def env_steps_discarded(self) -> int:
@@ -309,7 +294,7 @@ class AsyncPPO:
         params (leftovers of uneven resets, actions in flight); 0 for gymnax actors."""
         return (self._discarded_before
                 + sum(a.chunker.transitions_discarded + a.chunker.stale_actions for a in self.host_actors)
-                + sum(c.env_steps_discarded for c in self.ray_actors))
+                + (0 if self.remote is None else self.remote.env_steps_discarded))
 
     def cut(self) -> dict:
         """The actor half and the counters of a checkpoint cut; call it in the learner thread right
@@ -329,9 +314,8 @@ class AsyncPPO:
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
-        if self.ray_actors:
-            return (f"placement: {len(self.ray_actors)} remote actor(s) on Ray (CPU policy copies), learner on "
-                    + ", ".join(str(d) for d in self.learner_devices))
+        if self.remote is not None:
+            return self.remote.describe(", ".join(str(d) for d in self.learner_devices))
         same = (" (shared device: acting and learning will serialise there)"
                 if self.actor_device in self.learner_devices else "")
         if len(self.group_devices) > 1:

@@ -51,9 +51,9 @@ import numpy as np
 from tianji_jax.config import DQNConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.runtime.dqn_parts import HISTORY_KEYS, DQNParts, actor_epsilons, window_transitions
-from tianji_jax.runtime.host_actor import HostActor
+from tianji_jax.runtime.host_actor import HostActor, fold_key
 
-__all__ = ["HostNStep", "DQNHostActor", "chunk_episode_stats"]
+__all__ = ["HostNStep", "DQNHostActor", "chunk_episode_stats", "dqn_host_actor"]
 
 
 def chunk_episode_stats(chunk: dict[str, np.ndarray]) -> dict[str, float]:
@@ -197,3 +197,19 @@ class DQNHostActor(HostActor):
         stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
         # no actor state for a checkpoint cut: host env state cannot be saved (a resume re-seeds)
         return (*jax.device_put((items, item_version, mask), self.learner_device), stats), None
+
+
+def dqn_host_actor(config: DQNConfig, actor_id: int, device: Any, *, seed: int,
+                   timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
+                   run_env_steps: Callable[[], int] | None = None) -> DQNHostActor:
+    """DQN's host actor factory (``Algorithm.host_actor``, used by the remote Ray worker): a
+    :class:`DQNHostActor` acting and building its n-step transitions (or frame chunks) on
+    ``device``, whose chunks the learner places on its device after ``jax.device_get``. Key: DQN's
+    actor key of ``config.seed`` folded with ``key_folds``; envs seeded from ``seed``;
+    ``run_env_steps()`` (the run's env steps, for the linear epsilon schedule) is read at every
+    env step (a remote actor sees the value sent with its newest rollout request)."""
+    parts = DQNParts(config)  # not the compile key: re-validating would check replay memory on this node
+    build = jax.jit(partial(window_transitions, gamma=parts.config.gamma, n=parts.config.n_step))
+    key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
+    return DQNHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, device,
+                        run_env_steps or (lambda: 0), timer, seed=seed)

@@ -20,7 +20,7 @@ from tianji_jax.config import DQNConfig, PPOConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.runtime.chunker import TrajectoryChunker
 
-__all__ = ["HostActor", "host_env_seed", "make_host_evaluate"]
+__all__ = ["HostActor", "host_env_seed", "make_host_evaluate", "ppo_host_actor", "fold_key"]
 
 
 def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
@@ -28,6 +28,28 @@ def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
     one run (env ``i`` of the actor gets ``base + i``), kept in [0, 2**31): ``(seed + actor_id *
     num_envs) mod 2**31`` with ``num_envs`` the envs per actor."""
     return (int(seed) + actor_id * num_envs) % 2**31
+
+
+def fold_key(key: jax.Array, folds: tuple[int, ...]) -> jax.Array:
+    """``key`` folded with each of ``folds`` in turn (``jax.random.fold_in``)."""
+    for f in folds:
+        key = jax.random.fold_in(key, int(f))
+    return key
+
+
+def ppo_host_actor(config: PPOConfig, actor_id: int, device: Any, *, seed: int,
+                   timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
+                   run_env_steps: Callable[[], int] | None = None) -> "HostActor":
+    """PPO's host actor factory (``Algorithm.host_actor``, used by the remote Ray worker): a
+    :class:`HostActor` with PPO's policy jitted on ``device``, whose chunks are the chunker's
+    ``(T, N)`` trajectories as host numpy arrays. Key: PPO's actor key of ``config.seed`` folded
+    with ``key_folds``; envs seeded from ``seed``; ``run_env_steps`` is unused."""
+    from tianji_jax.runtime.anakin import compile_key
+    from tianji_jax.runtime.ppo_parts import PPOParts
+
+    parts = PPOParts(compile_key(config))
+    key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
+    return HostActor(config, jax.jit(parts.act), actor_id, key, device, lambda traj: traj, timer, seed=seed)
 
 
 class HostActor:

@@ -2,7 +2,11 @@
 
 Each remote actor is a Ray actor process (on any node of a Ray cluster) that owns a host env
 (envpool/gymnasium) and a CPU copy of the policy, and runs the same
-:class:`~tianji_jax.runtime.host_actor.HostActor` loop a local actor thread runs. The learner
+:class:`~tianji_jax.runtime.host_actor.HostActor` loop a local actor thread runs. The process
+builds that actor from the algorithm registered for the config (its ``host_actor`` factory,
+:class:`~tianji_jax.algos.registry.Algorithm`), so one worker serves every algorithm whose data
+path has host actors: PPO's trajectories and DQN's n-step transitions (or Atari frame chunks)
+alike. The learner
 process keeps the :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` unchanged: one thin
 :class:`RayActorClient` per remote actor stands in for an actor thread's ``act(params, version)``,
 so admission control, the lag gate and the rate limiter all apply at the learner's ingress
@@ -12,9 +16,10 @@ Transport (the design's ``publish`` / ``put`` / ``poll``):
 
 * ``publish(params, version)``: :class:`ParamPublisher` copies the params to host memory and
   ``ray.put``-s them once per version; every actor's rollout task takes that one object ref.
-* ``put(chunk, meta)``: a rollout task returns one ``(T, N)`` trajectory (numpy arrays,
-  :data:`~tianji_jax.runtime.chunker.CHUNK_KEYS`, every step stamped with the version it was acted
-  with) plus its metadata (:class:`ChunkMeta`) through the object store.
+* ``put(chunk, meta)``: a rollout task returns one chunk as host (numpy) arrays (PPO: the
+  ``(T, N)`` trajectory of :data:`~tianji_jax.runtime.chunker.CHUNK_KEYS`; DQN: its n-step
+  transitions; every step stamped with the version it was acted with) plus its metadata
+  (:class:`ChunkMeta`) through the object store.
 * ``poll()``: the client waits on the task with ``ray.wait`` in short slices, watching the
   runner's stop event and a deadline, so nothing blocks forever.
 
@@ -37,14 +42,11 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
-
-from tianji_jax.config import PPOConfig
 
 __all__ = ["require_ray", "RayContext", "ParamPublisher", "RayActorClient", "ChunkMeta", "RemoteActorError",
-           "STARTUP_TIMEOUT_S", "make_ray_actors"]
+           "STARTUP_TIMEOUT_S", "make_ray_actors", "RemoteActors"]
 
 STARTUP_TIMEOUT_S = 300.0
 """Seconds :func:`make_ray_actors` waits for every remote actor to start."""
@@ -86,6 +88,7 @@ class ChunkMeta:
             env step), and on each half.
         env_steps_discarded: cumulative env steps the actor's chunker dropped since it started
             (leftovers when a rollout starts with newer params; ``dropped_partial`` in metrics).
+        num_steps: env steps in the chunk (what the runtime's counters add).
     """
 
     actor_id: int
@@ -98,28 +101,29 @@ class ChunkMeta:
     inference_s: float
     env_step_s: float
     env_steps_discarded: int
+    num_steps: int
 
 
 class _RolloutWorker:
     """The body of a remote actor (wrapped by ``ray.remote`` in :func:`make_ray_actors`).
 
-    Owns a :class:`HostActor` built lazily on the first rollout of each incarnation, with the
-    policy jitted on this process's first CPU device. Not used directly.
+    Owns the host actor of the config's registered algorithm (``Algorithm.host_actor``), built
+    lazily on the first rollout of each incarnation, with its policy jitted on this process's
+    first CPU device. Not used directly.
     """
 
-    def __init__(self, config: PPOConfig, actor_id: int):
+    def __init__(self, config: Any, actor_id: int):
         self.config, self.actor_id = config, int(actor_id)
         self.actor = None
         self.incarnation: int | None = None
         self.seq = 0
+        self.run_env_steps = 0  # the run's env steps as of the newest rollout request (DQN's epsilon)
 
     def _start(self, incarnation: int) -> None:
         import jax
         import ray
 
-        from tianji_jax.runtime.anakin import compile_key
-        from tianji_jax.runtime.host_actor import HostActor
-        from tianji_jax.runtime.ppo_parts import PPOParts
+        from tianji_jax.algos.registry import algorithm_for
 
         if self.actor is not None:
             self.actor.close()
@@ -129,33 +133,36 @@ class _RolloutWorker:
         # learns of the death only from the next chunk's pid), so it mixes its pid in
         salt = os.getpid() if ray.get_runtime_context().was_current_actor_reconstructed else 0
         seed = (cfg.seed + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
-        parts = PPOParts(compile_key(cfg))
-        k_actor, _ = parts.split_init_key(jax.random.PRNGKey(cfg.seed))
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k_actor, self.actor_id), incarnation), salt)
         self.timers = {"rollout_s": 0.0, "inference_s": 0.0, "env_step_s": 0.0, "h2d_s": 0.0}
 
         def timer(name: str, t0: float) -> None:
             self.timers[name] += time.perf_counter() - t0
 
-        device = jax.devices("cpu")[0]
-        self.actor = HostActor(cfg.replace(seed=seed), jax.jit(parts.act), self.actor_id, key, device,
-                               lambda traj: traj, timer)
+        make = algorithm_for(cfg).host_actor_fn()
+        self.actor = make(cfg, self.actor_id, jax.devices("cpu")[0], seed=seed, timer=timer,
+                          key_folds=(self.actor_id, incarnation, salt), run_env_steps=lambda: self.run_env_steps)
         self.incarnation = incarnation
 
-    def rollout(self, params: Any, version: int, incarnation: int) -> tuple[dict[str, np.ndarray], ChunkMeta]:
-        """One ``(T, N)`` trajectory acted with ``params`` (host numpy pytree) stamped ``version``."""
+    def rollout(self, params: Any, version: int, incarnation: int,
+                run_env_steps: int = 0) -> tuple[Any, ChunkMeta]:
+        """One chunk acted with ``params`` (host numpy pytree) stamped ``version``, as host
+        arrays; ``run_env_steps``: the run's env steps so far (schedules such as DQN's epsilon)."""
+        import jax
         import ray
 
         if self.incarnation != incarnation:
             self._start(incarnation)
+        self.run_env_steps = int(run_env_steps)
         before = dict(self.timers)
-        traj, _ = self.actor(params, version)
+        data, steps = self.actor(params, version)
+        data = jax.device_get(data)
         d = {k: self.timers[k] - before[k] for k in self.timers}
         meta = ChunkMeta(self.actor_id, incarnation, self.seq, int(version), os.getpid(),
                          ray.get_runtime_context().get_node_id(), d["rollout_s"], d["inference_s"],
-                         d["env_step_s"], self.actor.chunker.transitions_discarded + self.actor.chunker.stale_actions)
+                         d["env_step_s"], self.actor.chunker.transitions_discarded + self.actor.chunker.stale_actions,
+                         int(steps))
         self.seq += 1
-        return traj, meta
+        return data, meta
 
     def info(self) -> tuple[int, str]:
         """``(pid, node_id)`` of this actor process."""
@@ -270,6 +277,8 @@ class RayActorClient:
         max_restarts: the actor's Ray ``max_restarts`` (reported in errors).
         timeout_s: longest wait for one rollout (seconds), including restarts.
         poll_s: ``ray.wait`` slice (seconds).
+        run_env_steps: ``() -> int``, the run's env steps so far, sent with every rollout request
+            (DQN's epsilon schedule reads it); None sends 0.
 
     Attributes:
         stop: a :class:`threading.Event`; set it to the runner's stop event.
@@ -285,8 +294,10 @@ class RayActorClient:
     """
 
     def __init__(self, handle: Any, actor_id: int, publisher: ParamPublisher, to_learner, timer, *,
-                 max_restarts: int, timeout_s: float, poll_s: float = 0.2):
+                 max_restarts: int, timeout_s: float, poll_s: float = 0.2,
+                 run_env_steps: Callable[[], int] | None = None):
         self.handle, self.actor_id, self.publisher = handle, int(actor_id), publisher
+        self.run_env_steps = run_env_steps or (lambda: 0)
         self.to_learner, self._time = to_learner, timer
         self.max_restarts, self.timeout_s, self.poll_s = int(max_restarts), float(timeout_s), float(poll_s)
         self.stop = threading.Event()
@@ -360,12 +371,11 @@ class RayActorClient:
 
             traj = jax.block_until_ready(self.to_learner(traj))
             self._time("h2d_s", t0)
-            steps = int(np.prod(traj["reward"].shape))
-            return traj, steps
+            return traj, meta.num_steps
 
     def _submit(self, params_ref: Any, version: int):
         """Submit one rollout task to the actor; returns its object ref."""
-        return self.handle.rollout.remote(params_ref, version, self.incarnation)
+        return self.handle.rollout.remote(params_ref, version, self.incarnation, int(self.run_env_steps()))
 
     def _died(self) -> None:
         self.deaths += 1
@@ -379,7 +389,8 @@ class RayActorClient:
         return ray.get(self.handle.info.remote(), timeout=timeout_s)
 
 
-def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, timer) -> list[RayActorClient]:
+def make_ray_actors(config: Any, publisher: ParamPublisher, to_learner, timer,
+                    run_env_steps: Callable[[], int] | None = None) -> list[RayActorClient]:
     """Create ``config.num_actors`` remote actors and their clients. Each actor asks for one CPU
     (Ray places it on any node with a free CPU: start the learner's head node with
     ``ray start --head --num-cpus=0`` to keep actors off it), ``max_restarts=config.ray_max_restarts``
@@ -415,4 +426,65 @@ def make_ray_actors(config: PPOConfig, publisher: ParamPublisher, to_learner, ti
                                "(is every actor's CPU slot free in the Ray cluster?)") from err
         raise
     return [RayActorClient(h, i, publisher, to_learner, timer, max_restarts=config.ray_max_restarts,
-                           timeout_s=config.stall_timeout_s) for i, h in enumerate(handles)]
+                           timeout_s=config.stall_timeout_s, run_env_steps=run_env_steps)
+            for i, h in enumerate(handles)]
+
+
+class RemoteActors:
+    """The remote actors of one run, for any algorithm: the Ray connection, the shared
+    :class:`ParamPublisher` and one :class:`RayActorClient` per actor (the runtime's actor
+    callables), with what the runtimes read from them.
+
+    Args:
+        config: the run's config (``actor_backend='ray'``, ``ray_address``, ``ray_max_restarts``,
+            ``num_actors``, ``stall_timeout_s``).
+        to_learner: ``to_learner(chunk) -> chunk`` places a chunk (host arrays) on the learner.
+        timer: ``timer(name, t0)`` as :class:`RayActorClient`.
+        run_env_steps: as :class:`RayActorClient`.
+
+    A private local instance offers a CPU slot per actor, even past the cores it has. Remote
+    actors seed their envs afresh in every process, so a resumed run needs no env seed here.
+
+    Raises:
+        as :class:`RayContext` and :func:`make_ray_actors` (Ray is shut down again first).
+    """
+
+    def __init__(self, config: Any, to_learner: Callable, timer: Callable[[str, float], None],
+                 run_env_steps: Callable[[], int] | None = None):
+        self.context = RayContext(config.ray_address, num_cpus=max(os.cpu_count() or 1, config.num_actors))
+        self.publisher = ParamPublisher()
+        try:
+            self.clients = make_ray_actors(config, self.publisher, to_learner, timer, run_env_steps)
+        except BaseException:
+            self.context.close()
+            raise
+
+    def bind(self, stop: threading.Event) -> None:
+        """Let a rollout in flight return as soon as ``stop`` (the runner's) is set."""
+        for client in self.clients:
+            client.stop = stop
+
+    @property
+    def lost_chunks(self) -> int:
+        """Chunks lost to remote actor deaths (never inserted)."""
+        return sum(c.lost_chunks for c in self.clients)
+
+    @property
+    def env_steps_discarded(self) -> int:
+        """Env steps the remote actors' chunkers dropped, over all their incarnations."""
+        return sum(c.env_steps_discarded for c in self.clients)
+
+    def describe(self, learner: str) -> str:
+        """The placement line: ``"placement: N remote actor(s) on Ray (CPU policy copies), learner on ..."``."""
+        return f"placement: {len(self.clients)} remote actor(s) on Ray (CPU policy copies), learner on {learner}"
+
+    def close(self) -> None:
+        """Kill the remote actors and shut down the Ray instance this run started (idempotent)."""
+        if self.context is None:
+            return
+        ray = require_ray()
+        if ray.is_initialized():
+            for client in self.clients:
+                ray.kill(client.handle, no_restart=True)
+        self.context.close()
+        self.context = None

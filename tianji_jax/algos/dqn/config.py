@@ -10,7 +10,7 @@ import tyro
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
                                     _plain_numbers, _torso_text)
 from tianji_jax import capabilities
-from tianji_jax.config_checks import _check_async_only, _check_host_fields
+from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
 
 __all__ = ["DQNConfig"]
@@ -158,6 +158,19 @@ class DQNConfig(_AgentConfig):
     max_nonfinite_updates: int = 5
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
+    actor_backend: Literal["threads", "ray"] = "threads"
+    """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
+    actor processes on Ray Core (any node of a Ray cluster), each with its own num_envs envs and a
+    CPU copy of the Q-network, building its n-step transitions (or Atari frame chunks) itself and
+    feeding this learner's replay through the same lag gate at insert and rate limiter (needs
+    ``pip install tianji-jax[ray]``). The linear epsilon schedule reads the run's env steps as of
+    each chunk's request."""
+    ray_address: str | None = None
+    """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
+    process's Ray connection or starts a private local instance on 127.0.0.1."""
+    ray_max_restarts: int = 3
+    """actor_backend='ray': times Ray restarts each dead actor (its lost chunk is counted in
+    ``lost_chunks``); one more death stops the run with an error."""
     env_batch_size: int | None = None
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
@@ -284,8 +297,11 @@ class DQNConfig(_AgentConfig):
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
         if spec.action_kind != "discrete":
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
+        if self.actor_backend not in ("threads", "ray"):
+            raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         capabilities.check("dqn", self, spec.backend)  # the (runtime, actors, learners, env) cell
         _check_host_fields(self, spec)
+        _check_ray(self, spec)
         _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
         object.__setattr__(self, "_env_spec", spec)
         for name in ("episodic_life", "reward_clip"):
@@ -448,4 +464,6 @@ class DQNConfig(_AgentConfig):
                f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
                "replay ratio held by the rate limiter, which also sets the exact env steps (the same to within "
                "its band)" if self.runtime == "async" else "; Anakin runtime")
+            + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
+               if self.actor_backend == "ray" else "")
         )
