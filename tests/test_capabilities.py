@@ -26,8 +26,8 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     **{("ppo", "async", "ray", layout, env): "tests/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"))},
     ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
-    ("dqn", "async", "ray", "single", "gymnasium"):
-        "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run",
+    **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
+       for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"))},
 }
 
 
@@ -42,12 +42,14 @@ def _kwargs(cell: Cell) -> dict:
         kw.update(num_envs=4, num_steps=4, learning_starts=64, buffer_capacity=512, batch_size=16, replay_ratio=0.25)
         if cell.actors != "threads":
             kw["actor_backend"] = cell.actors
+        if cell.layout == "data_parallel":
+            kw["num_learner_devices"] = 2
     return kw
 
 
 def _expressible(cell: Cell) -> bool:
-    """Cells a config can ask for (DQN's config has no learner-layout fields yet)."""
-    return cell.algo == "ppo" or cell.layout == "single"
+    """Cells a config can ask for (DQN's config has no learner-group or multi-host fields yet)."""
+    return cell.algo == "ppo" or cell.layout in ("single", "data_parallel")
 
 
 def test_readme_shows_the_generated_table():

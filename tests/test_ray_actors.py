@@ -137,13 +137,16 @@ DQN_SMALL = dict(runtime="async", actor_backend="ray", num_actors=2, num_envs=4,
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("env", ["envpool:CartPole-v1", "gymnasium:CartPole-v1"])
-def test_dqn_ray_cells_of_the_capability_table_run(cluster, env):
+@pytest.mark.parametrize("env, learners", [("envpool:CartPole-v1", 1), ("gymnasium:CartPole-v1", 1),
+                                           ("envpool:CartPole-v1", 2), ("gymnasium:CartPole-v1", 2)])
+def test_dqn_ray_cells_of_the_capability_table_run(cluster, env, learners):
     """DQN's Ray cells: remote actors build their n-step transitions and feed the learner's replay
-    ingress; every delivered env step is counted, nothing lost, the replay ratio held."""
+    ingress (sharded by env over two data-parallel learner devices in the second pair); every
+    delivered env step is counted, nothing lost, the replay ratio held."""
     from tianji_jax.config import DQNConfig
 
-    config = DQNConfig(env=env, **DQN_SMALL, total_env_steps=2000, eval_every_env_steps=500)
+    config = DQNConfig(env=env, **DQN_SMALL, total_env_steps=2000, eval_every_env_steps=500,
+                       num_learner_devices=learners)
     result = tj.train(config, progress=False)
     c = result.curve
     assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 1500

@@ -193,12 +193,18 @@ def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacke
     if isinstance(config, DQNConfig):
         from tianji_jax.runtime.dqn_anakin import DQNTrainState, shared_dqn_train as make_dqn_train
 
+        from tianji_jax.runtime.dqn_sharded import init_sharded_replay
+
         trainer = make_dqn_train(config)
+        shards = config.num_learner_devices
+        init_replay = ((lambda: init_sharded_replay(trainer, shards)) if shards > 1  # sharded by env (async)
+                       else (lambda: trainer.init_replay(config.num_actors)))
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
             return DQNTrainState(None, *jax.eval_shape(
-                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), trainer.init_replay(config.num_actors)),
-                key))
+                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), init_replay()), key))
         state = jax.eval_shape(trainer.init, key)
+        if shards > 1:
+            state = state.replace(replay=jax.eval_shape(init_replay))
     else:
         trainer = make_train(config)
         if not has_actor or config.env_spec.on_host:

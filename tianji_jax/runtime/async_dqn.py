@@ -20,12 +20,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tianji_jax.caches import register
 from tianji_jax.buffers import ReplayIngress, TrajectoryItem
 from tianji_jax.config import DQNConfig
 from tianji_jax.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_ppo import placement, resume_seed
+from tianji_jax.runtime import dqn_sharded
 from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
 from tianji_jax.runtime.dqn_host import DQNHostActor
 from tianji_jax.runtime.dqn_parts import DQNParts, actor_epsilons, window_transitions
@@ -212,8 +214,9 @@ class AsyncDQN:
         self.snapshot_cut: dict | None = None
 
         self.config = config
-        self.actor_device, learners = placement()
-        self.learner_device = learners[0]
+        num_learners = config.num_learner_devices
+        self.actor_device, self.learner_devices = placement(num_learner_devices=num_learners)
+        self.learner_device = self.learner_devices[0]
         key = dqn_compile_key(config)
         with _LOCK:
             if key not in _JIT_CACHE:
@@ -224,6 +227,16 @@ class AsyncDQN:
                                    jax.jit(parts.insert_frames, donate_argnums=0))
             (self.parts, self._rollout, self._insert, self._learn, host_act, build,
              self._insert_frames) = _JIT_CACHE[key]
+            if num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/dqn_sharded.py)
+                skey = (key, tuple(d.id for d in self.learner_devices))
+                if skey not in _JIT_CACHE:
+                    _JIT_CACHE[skey] = dqn_sharded.make_sharded_fns(self.parts, self.learner_devices)
+                mesh, self._place, self._insert, self._learn = _JIT_CACHE[skey]
+        if num_learners > 1:
+            replicated, replay_at = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+        else:
+            replicated = replay_at = self.learner_device
+            self._place = lambda *tree: jax.device_put(tree, self.learner_device)
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
@@ -232,14 +245,15 @@ class AsyncDQN:
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = self.parts.init_learner(k_learner), None
-            replay = self.parts.init_replay(config.num_actors, check_memory=True)
+            replay = (dqn_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True) if num_learners > 1
+                      else self.parts.init_replay(config.num_actors, check_memory=True))
         else:
             learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
             if not on_host and (actors is None or len(actors) != config.num_actors):
                 raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
                                  f"{None if actors is None else len(actors)}")
-        self.learner_state = jax.device_put(learner, self.learner_device)
-        self.replay_state = jax.device_put(replay, self.learner_device)
+        self.learner_state = jax.device_put(learner, replicated)
+        self.replay_state = jax.device_put(replay, replay_at)
         self._actor_epsilon = [float(np.mean(actor_epsilons(config, 0, i))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
@@ -261,7 +275,7 @@ class AsyncDQN:
                 else:
                     for i, k in enumerate(keys):
                         self.host_actors.append(DQNHostActor(
-                            config, self.parts, host_act, build, i, k, self.actor_device, self.learner_device,
+                            config, self.parts, host_act, build, i, k, self.actor_device, self._place_tree,
                             self._run_env_steps, self._time, seed=env_seed))
             except BaseException:
                 self.close()
@@ -329,12 +343,24 @@ class AsyncDQN:
         (items, item_version, mask, stats), _ = data
         if self.parts.frame_replay:
             return (jax.device_put(items, self.learner_device), int(item_version), None, stats), None
-        return (*jax.device_put((items, item_version, mask), self.learner_device), stats), None
+        return (*self._place(items, item_version, mask), stats), None
+
+    def _place_tree(self, tree: Any) -> Any:
+        """A host actor's chunk arrays on the learner (``(items, item_version, mask)`` placed by
+        ``_place``; a frame chunk on the learner device)."""
+        if self.parts.frame_replay:
+            return jax.device_put(tree, self.learner_device)
+        return self._place(*tree)
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
+        learners = ", ".join(str(d) for d in self.learner_devices)
         if self.remote is not None:
-            return self.remote.describe(f"{self.learner_device} (with the replay buffer)")
+            return self.remote.describe(f"{learners} (with the replay buffer)")
+        if len(self.learner_devices) > 1:
+            shared = " (a device shared with the actors)" if self.actor_device in self.learner_devices else ""
+            return (f"placement: actors on {self.actor_device}, {len(self.learner_devices)} data-parallel learners "
+                    f"on {learners}, the replay buffer sharded by env over them{shared}")
         same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
         return f"placement: actors on {self.actor_device}, learner and replay buffer on {self.learner_device}{same}"
 
@@ -364,7 +390,8 @@ class AsyncDQN:
             self._time("rollout_s", t0)
             self._actor_states[i] = state
             t0 = time.perf_counter()
-            data = jax.block_until_ready(jax.device_put((items, item_version, mask, stats), self.learner_device))
+            data = jax.block_until_ready((*self._place(items, item_version, mask),
+                                          jax.device_put(stats, self.learner_device)))
             self._time("h2d_s", t0)
             return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
@@ -402,6 +429,6 @@ class AsyncDQN:
             self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
             self.snapshot_cut = self.cut()
         metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
-                   "replay_size": int(self.parts.replay_size(self.replay_state))}
+                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_state)))}
         self._zero_stats()
         return learner.params, metrics

@@ -133,25 +133,29 @@ class DQNHostActor(HostActor):
         build: jitted :func:`window_transitions` for ``config`` (``gamma``, ``n_step`` bound).
         actor_id: index of this actor (its envs' seeds and Ape-X epsilons).
         key: the actor's PRNG key.
-        actor_device, learner_device: where acting and the replay buffer live.
+        actor_device: where acting (and the n-step window builder) runs.
+        to_learner: ``to_learner(tree) -> tree`` places a chunk's arrays (``(items, item_version,
+            mask)``, or the frame dict) where the learner inserts them (its device, or sharded
+            over data-parallel learners); None leaves them on the actor device.
         run_env_steps: ``() -> int``, env steps of the whole run so far (the linear epsilon schedule).
         timer: ``timer(name, t0)`` as :class:`HostActor`.
         seed: run seed the envs' seeds derive from (default ``config.seed``; a resumed run passes
             :func:`~tianji_jax.runtime.async_ppo.resume_seed`'s).
 
     Returns (per call):
-        ``(((items, item_version, mask, stats), None), T * N)``: the first three on ``learner_device``
+        ``(((items, item_version, mask, stats), None), T * N)``: the first three placed by ``to_learner``
         (as :meth:`DQNParts.rollout` returns them; with ``config.frame_replay``: ``(frames, seq,
         None, stats)``, ``frames`` the :data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS` dict on
-        ``learner_device`` and ``seq`` this actor's chunk number), ``stats`` host numbers ``episode_return_sum``,
+        the learner and ``seq`` this actor's chunk number), ``stats`` host numbers ``episode_return_sum``,
         ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean over the actor's envs of
         their epsilons when the chunk is complete).
     """
 
     def __init__(self, config: DQNConfig, parts: DQNParts, host_act: Callable, build: Callable, actor_id: int,
-                 key: jax.Array, actor_device: Any, learner_device: Any, run_env_steps: Callable[[], int],
+                 key: jax.Array, actor_device: Any, to_learner: Callable | None, run_env_steps: Callable[[], int],
                  timer: Callable[[str, float], None], seed: int | None = None):
-        self.dqn_config, self.learner_device, self.run_env_steps = config, learner_device, run_env_steps
+        self.dqn_config, self.run_env_steps = config, run_env_steps
+        self.to_learner_tree = to_learner or (lambda tree: tree)
         self._host_act = host_act
         self.frames = parts.frame_replay
         self.n_step = None if self.frames else HostNStep(parts, actor_device, build)
@@ -191,12 +195,12 @@ class DQNHostActor(HostActor):
             eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
             stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
             seq, self.chunks_sent = self.chunks_sent, self.chunks_sent + 1
-            return (jax.device_put(self._frame_chunk(chunk), self.learner_device), seq, None, stats), None
+            return (self.to_learner_tree(self._frame_chunk(chunk)), seq, None, stats), None
         items, item_version, mask = self.n_step(chunk)
         eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
         stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
         # no actor state for a checkpoint cut: host env state cannot be saved (a resume re-seeds)
-        return (*jax.device_put((items, item_version, mask), self.learner_device), stats), None
+        return (*self.to_learner_tree((items, item_version, mask)), stats), None
 
 
 def dqn_host_actor(config: DQNConfig, actor_id: int, device: Any, *, seed: int,
@@ -211,5 +215,5 @@ def dqn_host_actor(config: DQNConfig, actor_id: int, device: Any, *, seed: int,
     parts = DQNParts(config)  # not the compile key: re-validating would check replay memory on this node
     build = jax.jit(partial(window_transitions, gamma=parts.config.gamma, n=parts.config.n_step))
     key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
-    return DQNHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, device,
+    return DQNHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, None,
                         run_env_steps or (lambda: 0), timer, seed=seed)

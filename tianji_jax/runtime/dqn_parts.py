@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
@@ -40,6 +39,7 @@ from tianji_jax.config import DQNConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
 from tianji_jax.networks import QNetwork, check_network, choose_torso
+from tianji_jax.runtime.dqn_acting import FRAME_KEYS, HISTORY_KEYS, actor_epsilons, window_transitions
 
 __all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "HISTORY_KEYS", "FRAME_KEYS", "actor_epsilons", "window_transitions", "make_q_network", "make_dqn_optimizer"]
 
@@ -105,82 +105,6 @@ def make_q_network(config: DQNConfig) -> QNetwork:
                        obs_shape=shape)
     check_network(network, shape, config.env_spec.observation_space.dtype)
     return network
-
-
-FRAME_KEYS = ("obs", "final_frame", "action", "reward", "terminated", "truncated", "policy_version", "start")
-"""Keys of a host actor's frame chunk (:meth:`DQNParts.insert_frames`)."""
-
-
-HISTORY_KEYS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "policy_version", "valid")
-"""Keys of an n-step window (:attr:`DQNActorState.history`, the ``steps`` of :func:`window_transitions`)."""
-
-
-def window_transitions(history: dict, steps: dict, gamma: float, n: int, gap: jax.Array | None = None
-                       ) -> tuple[dqn.Transition, jax.Array, jax.Array, dict]:
-    """Exact n-step transitions across rollout chunks: prepend the last ``H = n - 1`` steps of the
-    previous chunk to the new ``T`` steps and build the transitions that start at the window's
-    oldest ``T`` steps (each sees ``n`` future steps or its episode end), keeping the newest ``H``
-    steps for the next chunk. Every step is inserted exactly once, ``H`` steps late; chunk
-    boundaries neither lose nor duplicate transitions. Pure; jit it.
-
-    Args:
-        history: dict with keys :data:`HISTORY_KEYS`, leaves ``(H, N, ...)``: ``obs`` /
-            ``final_obs`` (observation dtype, never cast), ``action`` / ``policy_version``
-            (int32), ``reward`` (float32), ``terminated`` / ``truncated`` / ``valid`` (bool; a
-            slot not filled yet has ``valid=False``).
-        steps: the same keys, leaves ``(T, N, ...)``: the chunk's consecutive steps of each env
-            (column ``e`` continues column ``e`` of ``history``), ``final_obs[t]`` the true
-            successor of step ``t``.
-        gamma: discount in [0, 1].
-        n: static int ``>= 1``.
-        gap: optional ``(N,)`` bool: env ``e``'s stream has a gap between ``history`` and
-            ``steps`` (steps dropped in between). Its history windows then end at the last
-            history step, which is treated as a truncation: those transitions bootstrap from its
-            true successor ``final_obs`` with ``discount = gamma^k`` over the ``k < n`` steps they
-            saw (a valid k-step target), or 0 if they terminated; episode statistics are unaffected.
-
-    Returns:
-        ``(items, item_version, mask, new_history)``: ``items`` a
-        :class:`~tianji_jax.algos.dqn.Transition` with leaves ``(T * N, ...)`` (time-major
-        flattening); ``item_version`` ``(T * N,)`` int32, the version each transition's first
-        step was acted with; ``mask`` ``(T * N,)`` bool (False for unfilled slots);
-        ``new_history`` leaves ``(H, N, ...)``.
-    """
-    t = steps["reward"].shape[0]
-    h = history["reward"].shape[0]
-    if h and gap is not None:
-        cut = history["truncated"].at[h - 1].set(history["truncated"][h - 1] | gap)
-        history = {**history, "truncated": cut}
-    window = {k: (jnp.concatenate([history[k], steps[k]], axis=0) if h else steps[k]) for k in HISTORY_KEYS}
-    trans = dqn.n_step_transitions(window["obs"], window["action"], window["reward"], window["terminated"],
-                                   window["truncated"], window["final_obs"], gamma, n)
-    n_envs = steps["reward"].shape[1]
-    flat = lambda x: x[:t].reshape((t * n_envs, *x.shape[2:]))  # noqa: E731 - starts 0..T-1 of the window
-    new_history = {k: v[t:] for k, v in window.items()}  # the last H steps
-    return jax.tree.map(flat, trans), flat(window["policy_version"]), flat(window["valid"]), new_history
-
-
-def actor_epsilons(config: DQNConfig, env_steps: int, actor_id: int) -> np.ndarray:
-    """``(num_envs,)`` float32 exploration epsilons of actor ``actor_id``'s envs (async runtime).
-
-    ``epsilon_schedule='linear'``: every env gets ``epsilon_start + (epsilon_end - epsilon_start) *
-    min(1, env_steps / epsilon_decay_steps)`` (Mnih et al. 2015), ``env_steps`` counting the env
-    steps of all actors together. ``'apex'``: fixed Ape-X epsilons (Horgan et al. 2018, sec. 4)
-    ``eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1))`` with ``i = actor_id * num_envs + e``
-    over ``N = num_actors * num_envs`` envs (``N = 1``: ``apex_epsilon``); ``env_steps`` is unused.
-
-    Raises:
-        ValueError: ``actor_id`` outside ``[0, num_actors)``.
-    """
-    if not 0 <= actor_id < config.num_actors:
-        raise ValueError(f"actor_id={actor_id} must be in [0, num_actors={config.num_actors})")
-    n = config.num_envs
-    if config.epsilon_schedule == "apex":
-        eps = dqn.apex_epsilons(config.num_actors * n, config.apex_epsilon, config.apex_alpha)
-        return np.asarray(eps, np.float32)[actor_id * n:(actor_id + 1) * n]
-    frac = min(1.0, max(0.0, env_steps / config.epsilon_decay_steps))
-    eps = config.epsilon_start + (config.epsilon_end - config.epsilon_start) * frac
-    return np.full((n,), eps, np.float32)
 
 
 def make_dqn_optimizer(config: DQNConfig) -> optax.GradientTransformation:
@@ -453,7 +377,8 @@ class DQNParts:
         q_a = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
         return loss, (td, q_a)
 
-    def learn(self, learner: DQNLearnerState, replay_state: replay.ReplayState, env_steps: jax.Array
+    def learn(self, learner: DQNLearnerState, replay_state: replay.ReplayState, env_steps: jax.Array,
+              axis_name: str | None = None, num_shards: int = 1
               ) -> tuple[DQNLearnerState, replay.ReplayState, dict[str, jax.Array]]:
         """One learner block: ``updates_per_step`` gradient updates (``lax.scan``), then version += 1.
 
@@ -469,6 +394,14 @@ class DQNParts:
             replay_state: the buffer (:meth:`init_replay`'s kind; must hold at least one item; the config guarantees
                 ``batch_size`` items once learning starts).
             env_steps: int32 scalar, env steps taken so far (beta annealing only).
+            axis_name: data-parallel learners (inside ``shard_map`` over this axis, ``num_shards``
+                replicas, each with its own replay shard): every replica samples ``batch_size /
+                num_shards`` items from its own shard (its sampling key folded with its axis
+                index; prioritised draws use the shard's own priorities and importance weights),
+                and the loss, gradients and metrics are averaged over the axis (``pmean``; the
+                lag's max is ``pmax``) before the identical step, so the replicas stay equal and
+                the non-finite decision is global. Priorities are updated in each shard from its
+                own TD errors.
 
         Returns:
             ``(learner, replay_state, metrics)``; metrics are float32 scalars, means over the
@@ -481,21 +414,26 @@ class DQNParts:
         """
         cfg = self.config
         beta = self.per_beta(env_steps)
+        batch_size = cfg.batch_size // num_shards
+        mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
 
         def update(carry, _):
             lrn, rs = carry
             key, k_sample = jax.random.split(lrn.key)
+            if axis_name is not None:  # each replica draws from its own shard
+                k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
             if self.frame_replay:
-                s = frame_replay.sample(rs, k_sample, cfg.batch_size, beta if cfg.prioritized else 0.0)
+                s = frame_replay.sample(rs, k_sample, batch_size, beta if cfg.prioritized else 0.0)
                 batch = s.transition
             elif cfg.prioritized:
-                s = replay.sample_prioritised(rs, k_sample, cfg.batch_size, beta)
+                s = replay.sample_prioritised(rs, k_sample, batch_size, beta)
                 batch = s.item
             else:
-                s = replay.sample(rs, k_sample, cfg.batch_size)
+                s = replay.sample(rs, k_sample, batch_size)
                 batch = s.item
             (loss, (td, q_a)), grads = jax.value_and_grad(self._loss, has_aux=True)(
                 lrn.params, lrn.target_params, batch, s.weights if cfg.prioritized else None)
+            loss, grads = mean(loss), mean(grads)
             finite = all_finite(loss, grads)  # else: no step, no priority update (index -1 is ignored)
             params, opt_state = guarded_apply(self.tx, grads, lrn.opt_state, lrn.params, finite)
             steps = lrn.gradient_steps + 1
@@ -511,8 +449,9 @@ class DQNParts:
                     rs = replay.update_priorities(rs, indices, td, cfg.per_alpha, _PER_EPS,
                                                   insert_index=s.insert_index)
             lag = lrn.version - s.policy_version
-            metrics = {"td_loss": loss, "q_mean": jnp.mean(q_a), "grad_norm": optax.tree.norm(grads),
-                       "policy_lag_mean": jnp.mean(lag.astype(jnp.float32)), "policy_lag_max": jnp.max(lag),
+            lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
+            metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": optax.tree.norm(grads),
+                       "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max,
                        SKIP_METRIC: (~finite).astype(jnp.int32)}
             return (DQNLearnerState(params, target, opt_state, key, lrn.version, steps), rs), metrics
 

@@ -171,6 +171,12 @@ class DQNConfig(_AgentConfig):
     ray_max_restarts: int = 3
     """actor_backend='ray': times Ray restarts each dead actor (its lost chunk is counted in
     ``lost_chunks``); one more death stops the run with an error."""
+    num_learner_devices: int = 1
+    """Async: data-parallel learner replicas L (the last L devices; the actors keep the first). The
+    replay is sharded by env over them (each holds buffer_capacity / L transitions of num_envs / L
+    env columns of every actor, with its own priorities); every gradient update each replica
+    samples batch_size / L items from its shard and the gradients are averaged. L must divide
+    num_envs, batch_size and buffer_capacity. Not with frame replay (envpool Atari) yet."""
     env_batch_size: int | None = None
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
@@ -299,7 +305,14 @@ class DQNConfig(_AgentConfig):
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
+        _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         capabilities.check("dqn", self, spec.backend)  # the (runtime, actors, learners, env) cell
+        ld = self.num_learner_devices
+        bad = [f"{k}={getattr(self, k)}" for k in ("num_envs", "batch_size", "buffer_capacity") if getattr(self, k) % ld]
+        if bad:
+            raise ValueError(f"num_learner_devices={ld} must divide num_envs, batch_size and buffer_capacity (the "
+                             f"replay is sharded by env, each replica samples batch_size / {ld}); got {', '.join(bad)}; "
+                             f"allowed: {[d for d in range(1, self.num_envs + 1) if not (self.num_envs % d or self.batch_size % d or self.buffer_capacity % d)]}")
         _check_host_fields(self, spec)
         _check_ray(self, spec)
         _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
@@ -316,6 +329,9 @@ class DQNConfig(_AgentConfig):
         shape = tuple(spec.observation_shape)
         frames = atari and len(shape) == 3 and str(spec.observation_space.dtype) == "uint8"
         object.__setattr__(self, "_frame_replay", frames)
+        if frames and self.num_learner_devices > 1:
+            raise ValueError(f"num_learner_devices={self.num_learner_devices}: the frame replay of envpool Atari games "
+                             "is not sharded over data-parallel learners yet; allowed: num_learner_devices=1")
         if frames:
             writers = self.num_actors * self.num_envs
             need = writers * (shape[0] + self.n_step)
@@ -466,4 +482,8 @@ class DQNConfig(_AgentConfig):
                "its band)" if self.runtime == "async" else "; Anakin runtime")
             + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                if self.actor_backend == "ray" else "")
+            + (f"; {self.num_learner_devices} data-parallel learners, the replay sharded by env over them "
+               f"({self.buffer_capacity // self.num_learner_devices} transitions and "
+               f"{self.batch_size // self.num_learner_devices} samples per update each)"
+               if self.num_learner_devices > 1 else "")
         )

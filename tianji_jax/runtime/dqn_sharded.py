@@ -1,0 +1,101 @@
+"""Data-parallel DQN learners: the replay buffer sharded along the env axis over ``L`` learner
+devices, one learner replica per device.
+
+Layout (``num_learner_devices = L > 1``, mesh axis ``"data"``):
+
+* **replay**: ``L`` independent buffers of ``buffer_capacity / L`` transitions, stacked on a
+  leading axis sharded over the devices (``P("data")``): device ``d`` holds the transitions of
+  env columns ``[d * N / L, (d + 1) * N / L)`` of every actor (``N = num_envs``), with its own
+  write position, size and, with prioritised replay, its own sum-tree and max priority (as
+  Ape-X's replay shards, Horgan et al. 2018). A chunk's items are split by env column before
+  they leave the actor's side (:func:`split_by_env`), so each device inserts only its own;
+* **learner**: params, target params and optimizer state replicated (``P()``). Every gradient
+  update, each replica samples ``batch_size / L`` items from its own shard, and the loss and
+  gradients are averaged over the devices before one identical step
+  (:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.learn` with ``axis_name``): the replay ratio
+  and the batch are the single-device ones, spread over ``L`` devices.
+
+Why by env: every n-step window lives in one env's stream, so splitting by env never cuts a
+transition, and with envs split evenly every shard fills at the same rate (each holds ``1/L`` of
+the items, so sampling ``1/L`` of the batch from each is uniform over the union for uniform
+replay; prioritised draws are proportional within each shard).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from tianji_jax import replay
+
+__all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns"]
+
+
+def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False) -> Any:
+    """``num_shards`` empty replay buffers of ``buffer_capacity / num_shards`` transitions, stacked
+    on a leading axis (leaves ``(L, ...)``). Traceable unless ``check_memory`` (which checks that
+    one shard fits in free device memory).
+
+    Raises:
+        ValueError: frame replay (Atari; not sharded yet).
+        MemoryError: ``check_memory`` and a shard would not fit.
+    """
+    if parts.frame_replay:
+        raise ValueError("data-parallel learners do not shard the frame replay (envpool Atari) yet")
+    capacity = parts.config.buffer_capacity // num_shards
+    if check_memory:
+        replay.check_fits(replay.replay_bytes(parts.example_item, capacity))
+    one = replay.init(parts.example_item, capacity, check_memory=False)
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_shards, *x.shape)).copy(), one)
+
+
+def split_by_env(tree: Any, num_envs: int, num_shards: int) -> Any:
+    """Leaves ``(T * N, ...)`` in time-major order (item ``t * N + e``) -> ``(L, T * N / L, ...)``,
+    shard ``d`` holding env columns ``[d * N / L, (d + 1) * N / L)``, time-major within it."""
+    per = num_envs // num_shards
+
+    def split(x):
+        t = x.shape[0] // num_envs
+        x = x.reshape((t, num_shards, per, *x.shape[1:]))
+        return jnp.swapaxes(x, 0, 1).reshape((num_shards, t * per, *x.shape[3:]))
+
+    return jax.tree.map(split, tree)
+
+
+def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callable, Callable]:
+    """``(mesh, place, insert, learn)`` for data-parallel learners on ``devices``.
+
+    * ``place(items, item_version, mask)``: split by env (:func:`split_by_env`) and put on the
+      devices, sharded over ``"data"``;
+    * ``insert(replay_state, items, item_version, mask) -> replay_state``: each device adds its
+      own items to its own shard (jitted, the replay donated);
+    * ``learn(learner, replay_state, env_steps) -> (learner, replay_state, metrics)``: one learner
+      block, replicas in lockstep (jitted, the replay donated); ``learner`` and ``metrics``
+      replicated.
+    """
+    num = len(devices)
+    mesh = Mesh(list(devices), ("data",))
+    shard = NamedSharding(mesh, P("data"))
+    n_envs = parts.config.num_envs
+    local = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731 - a device's block of one shard
+    stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
+
+    def place(items: Any, item_version: Any, mask: Any) -> tuple:
+        return jax.device_put(split_by_env((items, item_version, mask), n_envs, num), shard)
+
+    def insert_shard(rs, items, item_version, mask):
+        return stack(parts.insert(local(rs), local(items), local(item_version), local(mask)))
+
+    def learn_shard(learner, rs, env_steps):
+        learner, rs, metrics = parts.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
+        return learner, stack(rs), metrics
+
+    # check_vma=False: pmap semantics (see runtime/async_ppo.py): learn averages the gradients itself
+    insert = jax.jit(jax.shard_map(insert_shard, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P("data"),
+                                   check_vma=False), donate_argnums=0)
+    learn = jax.jit(jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()),
+                                  out_specs=(P(), P("data"), P()), check_vma=False), donate_argnums=1)
+    return mesh, place, insert, learn
