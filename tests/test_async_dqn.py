@@ -74,7 +74,7 @@ def test_async_dqn_config_fields_are_validated():
         tj.DQNConfig(**{**SMALL, "stall_timeout_s": 0.0})
     with pytest.raises(ValueError, match="schedule"):
         tj.DQNConfig(**{**SMALL, "schedule": "one_step"})
-    with pytest.raises(ValueError, match="num_actors must be 1 for schedule 'sync'"):
+    with pytest.raises(ValueError, match=r"num_actors must be 1 \(one per learner group\) for schedule 'sync'"):
         tj.DQNConfig(**{**SMALL, "schedule": "sync", "num_actors": 2})
     assert "async runtime" in tj.DQNConfig(**SMALL).describe()
 

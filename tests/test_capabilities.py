@@ -44,12 +44,14 @@ def _kwargs(cell: Cell) -> dict:
             kw["actor_backend"] = cell.actors
         if cell.layout == "data_parallel":
             kw["num_learner_devices"] = 2
+        if cell.layout == "groups":
+            kw.update(num_learner_groups=2, num_actors=2)
     return kw
 
 
 def _expressible(cell: Cell) -> bool:
-    """Cells a config can ask for (DQN's config has no learner-group or multi-host fields yet)."""
-    return cell.algo == "ppo" or cell.layout in ("single", "data_parallel")
+    """Cells a config can ask for (DQN's config has no multi-host fields yet)."""
+    return cell.algo == "ppo" or cell.layout != "multi_host"
 
 
 def test_readme_shows_the_generated_table():

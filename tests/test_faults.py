@@ -91,3 +91,201 @@ def test_learner_killed_during_a_save_resumes_from_the_last_complete_checkpoint(
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "4096" in names and "8192" in names and "12288" not in names, names  # 12288 only as a tmp dir
     _resume_and_check(run_dir)
+
+
+# ---- faults in the async runtime's threads -------------------------------------------------------
+# For each fault: (a) what the caller sees (the exception, its message and the note naming the
+# thread), (b) what survives (threads stopped, learner state and params consistent), (c) the
+# counter identity in env steps: nothing produced is lost uncounted and nothing is consumed twice.
+#   on-policy (TrajectoryQueue): produced == consumed + dropped_stale + resident + lost
+#   replay (ReplayIngress):      produced == inserted + dropped_stale + resident + lost,
+#                                and in the replay state num_inserted == size + evicted
+# ``lost`` is rollouts lost to a dead remote actor (``lost_chunks``): 0 with actor threads.
+# ``produced`` counts what an actor ``put`` into the buffer (after ``act`` returned); a rollout that
+# raises before it acts takes no env steps, so the identities below are exact, not bounds.
+
+import traceback as _traceback
+
+import jax
+import numpy as np
+
+from tianji_jax.runtime.async_runtime import StallError
+from tianji_jax.runtime.param_store import ParamStore
+
+_ASYNC_PPO = dict(env="gymnax:CartPole-v1", runtime="async", num_envs=4, num_steps=32, num_minibatches=2,
+                  update_epochs=2, eval_episodes=0, eval_every_env_steps=4 * 32 * 2)
+
+
+class InjectedFault(Exception):
+    """The fault a test injects (its own type: nothing else in the library raises it)."""
+
+
+def _crash_on_call(act, n: int, label: str):
+    """``act`` that raises InjectedFault on its ``n``-th call, before acting (no env step taken)."""
+    calls = [0]
+
+    def wrapped(params, version):
+        calls[0] += 1
+        if calls[0] == n:
+            raise InjectedFault(f"injected {label} failure on rollout {n}")
+        return act(params, version)
+    return wrapped, calls
+
+
+def _user_lines(exc: BaseException) -> list[str]:
+    """What a user reads last: the exception line and its notes (format_exception_only)."""
+    return "".join(_traceback.format_exception_only(exc)).strip().splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_ppo_actor_thread_crash_reaches_the_caller_and_every_env_step_is_counted(capsys):
+    """Budget: about 10 s. Two relaxed actors; actor 1 raises on its 3rd rollout."""
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    config = tj.PPOConfig(**_ASYNC_PPO, schedule="relaxed", num_actors=2, total_env_steps=4 * 32 * 40)
+    ppo = AsyncPPO(config)
+    runner = ppo.runner
+    runner.actors[1], calls = _crash_on_call(runner.actors[1], 3, "actor 1")
+    t0 = time.monotonic()
+    with pytest.raises(InjectedFault) as info:
+        runner.run(lambda *a: False)
+    assert time.monotonic() - t0 < 60
+    # (a) what the user sees: the original exception, one line, and a note naming the thread
+    lines = _user_lines(info.value)
+    assert len(lines) == 2 and lines[1] == "raised in tianji thread 'actor-1'"
+    assert lines[0].endswith("InjectedFault: injected actor 1 failure on rollout 3")  # module-qualified name
+    assert any(tb.name == "wrapped" for tb in info.traceback)  # the original frame is kept
+    assert "Traceback" not in capsys.readouterr().err  # the thread printed nothing of its own
+    # (b) what survives: every thread stopped; the learner stopped early at a consistent version
+    assert not any(t.is_alive() for t in runner._threads)
+    assert calls[0] == 3 and len(runner.actor_logs[1]) == 2
+    version = runner.store.version
+    assert 0 <= version < config.updates_per_group
+    assert int(ppo.learner_state.version) == version  # every update consumed was published
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(ppo.learner_state.params))
+    # (c) the counters: produced == consumed + dropped + resident + lost, each item counted once
+    buf = runner.buffer
+    assert ppo.lost_chunks == 0
+    assert buf.produced == config.batch_size * sum(len(log) for log in runner.actor_logs)
+    assert buf.consumed == config.batch_size * version  # one item per update, none consumed twice
+    assert buf.produced == buf.consumed + buf.dropped_stale + buf.resident + ppo.lost_chunks * config.batch_size
+    assert buf.limiter.inserted == buf.produced - buf.dropped_stale and buf.limiter.sampled == buf.consumed
+
+
+@pytest.mark.timeout(120)
+def test_dqn_actor_thread_crash_reaches_the_caller_and_every_env_step_is_counted(capsys):
+    """Budget: about 10 s. Two relaxed actors into replay; actor 1 raises on its 8th chunk (late enough
+    for the 64-slot replay ring to have wrapped, so eviction is part of the identity)."""
+    from tianji_jax.runtime.async_dqn import AsyncDQN
+
+    config = tj.DQNConfig(env="gymnax:CartPole-v1", runtime="async", num_actors=2, num_envs=4, num_steps=4,
+                          learning_starts=48, buffer_capacity=64, batch_size=16, replay_ratio=0.25,
+                          total_env_steps=20_000, eval_episodes=0, eval_every_env_steps=4_000)
+    dqn = AsyncDQN(config)
+    runner = dqn.runner
+    first_chunks: list = []  # each actor's first chunk (its n-step window starts empty); held, so ids stay unique
+    taken: list = []  # every chunk the learner inserted into replay, in order (held, as above)
+
+    def tag_first(act):
+        def tagged(params, version):
+            out = act(params, version)
+            if not seen[0]:
+                first_chunks.append(out[0])
+            seen[0] += 1
+            return out
+        seen = [0]
+        return tagged
+
+    runner.actors[:] = [tag_first(a) for a in runner.actors]
+    runner.actors[1], calls = _crash_on_call(runner.actors[1], 8, "actor 1")
+    insert = runner.insert
+
+    def recording_insert(chunks, *group):  # (chunks) or (chunks, group): as the runner calls it
+        taken.extend(chunk.data for chunk in chunks)
+        insert(chunks, *group)
+    runner.insert = recording_insert
+    t0 = time.monotonic()
+    with pytest.raises(InjectedFault) as info:
+        runner.run(lambda *a: False)
+    assert time.monotonic() - t0 < 60
+    # (a) the original exception, one line and the note naming the thread
+    lines = _user_lines(info.value)
+    assert len(lines) == 2 and lines[1] == "raised in tianji thread 'actor-1'"
+    assert lines[0].endswith("InjectedFault: injected actor 1 failure on rollout 8")
+    assert "Traceback" not in capsys.readouterr().err
+    # (b) threads stopped, learner state consistent with the published version
+    assert not any(t.is_alive() for t in runner._threads)
+    assert calls[0] == 8 and len(runner.actor_logs[1]) == 7
+    version = runner.store.version
+    assert 0 < version < config.learning_iterations
+    ls = jax.device_get(dqn.learner_state)
+    assert int(ls.version) == version and int(ls.gradient_steps) == version * config.updates_per_step
+    # (c) ingress: produced == inserted + dropped + resident + lost; no chunk inserted twice
+    buf, c = runner.buffer, config.iteration_env_steps
+    assert dqn.lost_chunks == 0
+    assert buf.produced == c * sum(len(log) for log in runner.actor_logs)
+    assert len({id(d) for d in taken}) == len(taken) and buf.inserted == c * len(taken)
+    assert buf.produced == buf.inserted + buf.dropped_stale + buf.resident + dqn.lost_chunks * c
+    # replay: every inserted env step becomes one n-step transition, except the first n - 1 steps
+    # of each actor's stream (its window starts empty): exact, not just num_inserted <= inserted
+    rs = jax.device_get(dqn.replay_state)
+    lag = (config.n_step - 1) * config.num_envs
+    firsts = sum(any(d is f for f in first_chunks) for d in taken)  # actors whose first chunk got in
+    assert int(rs.num_inserted) == buf.inserted - lag * firsts
+    evicted = max(0, int(rs.num_inserted) - config.buffer_capacity)
+    assert int(rs.num_inserted) == int(rs.size) + evicted
+    assert evicted > 0  # the capacity was small enough for the ring to wrap
+
+
+class DroppingStore(ParamStore):
+    """Fault: every publication after version ``last`` is lost (records when the first was)."""
+
+    def __init__(self, params, last: int):
+        super().__init__(params)
+        self.last, self.first_lost_at = last, None
+
+    def publish(self, params, version):
+        if version <= self.last:
+            return super().publish(params, version)
+        if self.first_lost_at is None:
+            self.first_lost_at = time.monotonic()
+
+
+@pytest.mark.timeout(120)
+def test_ppo_params_lost_past_the_stall_timeout_stop_the_run_naming_the_actor_and_versions():
+    """Budget: about 10 s (a 1-update warm-up, k = 2 updates, a 2.25 s stall). ``sync``: the actor
+    waits for params k + 1, which never arrive."""
+    from tianji_jax.runtime.async_ppo import AsyncPPO
+
+    # 2.25 s: the learner notices its own stall only at 0.5 s poll steps after it took its last
+    # item (2.5 s), so the actor, which waits exactly stall_timeout_s, is the one that reports
+    stall, k = 2.25, 2
+    config = tj.PPOConfig(**_ASYNC_PPO, schedule="sync", total_env_steps=4 * 32 * 8, stall_timeout_s=stall)
+    # warm-up: one update compiles the rollout and the update (cached by compile_key, which ignores
+    # stall_timeout_s); the first update's compilation would otherwise count against the 2.25 s
+    # the actor waits for version 1
+    warm = AsyncPPO(config.replace(stall_timeout_s=60.0))
+    init = warm.learner_state.params  # version 0, the same as any new AsyncPPO of this config
+    warm.runner.run(lambda *a: True)
+    store = DroppingStore(init, last=k)
+    ppo = AsyncPPO(config, store=store)
+    runner = ppo.runner
+    assert runner.store is store
+    with pytest.raises(StallError) as info:
+        runner.run(lambda *a: False)
+    waited = time.monotonic() - store.first_lost_at
+    # (a) one line naming the waiting actor, the version it waits for and the last ones it saw
+    assert _user_lines(info.value) == [
+        f"tianji_jax.runtime.async_runtime.StallError: actor 0 received no params of version >= {k + 1} for "
+        f"{stall:g} s; last published version {k}, last seen by this actor {k}", "raised in tianji thread 'actor-0'"]
+    assert stall - 0.5 <= waited < stall + 3.0  # bounded: stall_timeout_s after the loss, not a hang
+    # (b) threads stopped; the learner ran one update past the last publication that arrived
+    assert not any(t.is_alive() for t in runner._threads)
+    assert store.version == k and int(ppo.learner_state.version) == k + 1
+    assert runner.actor_logs[0] == list(range(k + 1))  # sync: rollout r acted with params r
+    # (c) produced == consumed + dropped + resident + lost; the actor's last rollout was consumed once
+    buf = runner.buffer
+    assert ppo.lost_chunks == 0
+    assert buf.produced == (k + 1) * config.batch_size == buf.consumed
+    assert buf.dropped_stale == 0 and buf.resident == 0
+    assert buf.produced == buf.consumed + buf.dropped_stale + buf.resident + ppo.lost_chunks * config.batch_size

@@ -80,8 +80,8 @@ RULES: tuple[_Rule, ...] = (
           "Anakin runs on one device in one process",
           "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
     # not built yet
-    _Rule(lambda c: c.algo == "dqn" and c.layout in ("groups", "multi_host"), "layout",
-          "not built yet for the replay data path: DQN's learners share one process and one param version"),
+    _Rule(lambda c: c.algo == "dqn" and c.layout == "multi_host", "layout",
+          "not built yet for the replay data path: DQN's learners run in one process"),
     _Rule(lambda c: c.actors == "ray" and c.layout in ("groups", "multi_host"), "actor_backend",
           "Ray actors feed one learner process with one learner group; groups or several learner processes "
           "with Ray actors are not built yet",

@@ -85,22 +85,24 @@ def _check_async_only(config: Any, names: tuple[str, ...]) -> None:
 
 
 def _check_learner_groups(config: Any) -> None:
-    """The learner-group fields of a :class:`~tianji_jax.config.PPOConfig` (after the fields they depend on)."""
+    """The learner-group fields of an algorithm config (after the fields they depend on)."""
+    _check_int("num_learner_groups", config.num_learner_groups, minimum=1)
+    _check_int("sync_every", config.sync_every, minimum=1)
     groups = config.num_learner_groups
     if groups == 1:
         if config.sync_every != 1:
             raise ValueError(f"sync_every={config.sync_every} needs num_learner_groups > 1 (it is the number of "
                              "updates between the groups' param averagings); got num_learner_groups=1")
         return
-    for name, value, allowed in (("num_learner_devices", config.num_learner_devices, 1),
-                                 ("num_processes", config.num_processes, 1)):
+    for name, value, allowed in (("num_learner_devices", getattr(config, "num_learner_devices", 1), 1),
+                                 ("num_processes", getattr(config, "num_processes", 1), 1)):
         if value != allowed:
             raise ValueError(f"num_learner_groups={groups} is not supported with {name}={value} yet; allowed: "
                              f"{name}={allowed} (each group is one learner device in one process)")
     if config.num_actors % groups:
         raise ValueError(f"num_actors={config.num_actors} must be a multiple of num_learner_groups={groups} (the "
                          f"actors split evenly over the groups); allowed: {[groups * k for k in range(1, 5)]}, ...")
-    if config.total_env_steps // config.global_batch_size < groups:
+    if hasattr(config, "global_batch_size") and config.total_env_steps // config.global_batch_size < groups:
         raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_learner_groups * num_envs * "
                          f"num_steps = {groups * config.batch_size} (one update per learner group)")
 
@@ -119,3 +121,40 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
         if getattr(config, name, False):
             raise ValueError(f"{name}=True is not supported yet with host env backends ({spec.backend}); "
                              f"allowed: False (gymnax envs support it)")
+
+
+def _check_replay_layout(config: Any, frames: bool) -> None:
+    """The learner layouts of the replay data path (a DQN-family config, after its other fields):
+    data-parallel learners shard the replay by env and the batch (``num_learner_devices`` divides
+    ``num_envs``, ``batch_size`` and ``buffer_capacity``); learner groups split the replay and
+    ``learning_starts`` (each group's share must hold a batch when it starts learning); neither
+    splits the frame replay of envpool Atari games (``frames``) yet."""
+    ld = config.num_learner_devices
+    sizes = ("num_envs", "batch_size", "buffer_capacity")
+    bad = [f"{k}={getattr(config, k)}" for k in sizes if getattr(config, k) % ld]
+    if bad:
+        raise ValueError(f"num_learner_devices={ld} must divide num_envs, batch_size and buffer_capacity (the "
+                         f"replay is sharded by env, each replica samples batch_size / {ld}); got {', '.join(bad)}; "
+                         f"allowed: {[d for d in range(1, config.num_envs + 1) if not any(getattr(config, k) % d for k in sizes)]}")
+    _check_learner_groups(config)
+    groups = config.num_learner_groups
+    if groups > 1:
+        per_group = config.learning_starts // groups
+        need = config.batch_size + (config.n_step - 1) * config.num_envs * (config.num_actors // groups)
+        if config.buffer_capacity % groups or config.buffer_capacity // groups < config.batch_size:
+            raise ValueError(f"num_learner_groups={groups}: each group's replay holds buffer_capacity / {groups} "
+                             f"transitions, a whole number >= batch_size={config.batch_size}; got buffer_capacity="
+                             f"{config.buffer_capacity}")
+        if per_group < need:
+            raise ValueError(f"num_learner_groups={groups}: each group learns after learning_starts / {groups} = "
+                             f"{per_group} of its env steps, which must be >= batch_size + (n_step - 1) * num_envs "
+                             f"* actors per group = {need}; allowed: learning_starts >= {need * groups}")
+        if config.learning_iterations < groups:
+            raise ValueError(f"num_learner_groups={groups}: the run has {config.learning_iterations} learner blocks, "
+                             "fewer than one per group; raise total_env_steps")
+        if frames:
+            raise ValueError(f"num_learner_groups={groups}: the frame replay of envpool Atari games is not split "
+                             "over learner groups yet; allowed: num_learner_groups=1")
+    if frames and config.num_learner_devices > 1:
+        raise ValueError(f"num_learner_devices={config.num_learner_devices}: the frame replay of envpool Atari games "
+                         "is not sharded over data-parallel learners yet; allowed: num_learner_devices=1")

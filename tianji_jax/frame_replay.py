@@ -68,8 +68,6 @@ and its identity ``(env_id, step)`` so priority updates skip starts overwritten 
 Counters are int32 per env (``2^31`` steps per env).
 """
 
-from __future__ import annotations
-
 import math
 from typing import Any
 
@@ -79,7 +77,9 @@ import numpy as np
 from flax import struct
 
 from tianji_jax import replay, sum_tree
-from tianji_jax.algos.dqn import Transition
+from tianji_jax.frame_replay_sample import (FrameSample, _at, _held, _rows, _valid_start, can_sample, sample,
+                                            update_priorities)
+
 
 __all__ = ["FrameReplayState", "FrameSample", "init", "add", "can_sample", "sample", "update_priorities",
            "frame_replay_bytes", "slots_per_env"]
@@ -155,33 +155,6 @@ class FrameReplayState:
     def slots_per_env(self) -> int:
         """``F``, frames held per env."""
         return self.frames.shape[1]
-
-
-@struct.dataclass
-class FrameSample:
-    """A sampled batch of ``B`` n-step transitions (with replacement).
-
-    Attributes:
-        transition: :class:`~tianji_jax.algos.dqn.Transition` with ``obs`` and ``next_obs``
-            ``(B, S, *frame_shape)`` (oldest frame first, as envpool stacks), ``action`` int32,
-            ``reward`` / ``discount`` float32, all ``(B,)``.
-        indices: ``(B,)`` int32 flat slot ``e * F + k`` (for :func:`update_priorities`).
-        env_id: ``(B,)`` int32 env of each transition.
-        step: ``(B,)`` int32 absolute step of its start frame in that env (its identity).
-        policy_version: ``(B,)`` int32 version that chose ``action`` (learner lag = v - this).
-        probs: ``(B,)`` float32 probability of drawing that slot (``1 / num_valid`` uniform).
-        weights: ``(B,)`` float32 importance weights ``(p_i / p_min)^-beta`` in ``(0, 1]``
-            (1 for a uniform buffer). Where nothing is valid, probs and weights are 0 and the
-            transition is garbage -- check :func:`can_sample` first.
-    """
-
-    transition: Transition
-    indices: jax.Array
-    env_id: jax.Array
-    step: jax.Array
-    policy_version: jax.Array
-    probs: jax.Array
-    weights: jax.Array
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,52 +269,6 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
 
 
 # ------------------------------------------------------------------------------------------------
-# index arithmetic (all on absolute per-env steps ``t``; slot = t mod F)
-# ------------------------------------------------------------------------------------------------
-def _held(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """Absolute step ``t`` of env ``e`` is written and not yet overwritten."""
-    w = state.count[e]
-    return (t >= 0) & (t >= w - state.slots_per_env) & (t < w)
-
-
-def _at(arr: jax.Array, state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    return arr[e, t % state.slots_per_env]
-
-
-def _done(state, e, t):
-    return _at(state.terminated, state, e, t) | _at(state.truncated, state, e, t)
-
-
-def _history(state: FrameReplayState, e: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(h, ok)``: frames back to the stack's start frame, capped at ``S - 1``; all of them are held."""
-    s = state.stack
-    h = jnp.full(t.shape, s - 1, jnp.int32)
-    for j in reversed(range(s - 1)):  # the nearest first frame wins
-        h = jnp.where(_held(state, e, t - j) & _at(state.stack_start, state, e, t - j), j, h)
-    return h, _held(state, e, t - h)  # frames t - h .. t are then all held (a contiguous range)
-
-
-def _valid_start(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """The transition starting at absolute step ``t`` of env ``e`` can be sampled (module doc)."""
-    ok = _held(state, e, t) & ~_done(state, e, t)
-    ok &= _history(state, e, t)[1]
-    ended = jnp.zeros(t.shape, bool)
-    for j in range(1, state.n_step + 1):
-        held = _held(state, e, t + j)
-        ok &= ended | (held & ~_at(state.first, state, e, t + j))
-        ended |= held & _done(state, e, t + j)
-    return ok
-
-
-def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the stack's start frame repeated before it."""
-    h = _history(state, e, t)[0]
-    back = jnp.arange(state.stack - 1, -1, -1, dtype=jnp.int32)  # S-1 .. 0: oldest first
-    pos = t[:, None] - jnp.minimum(back[None, :], h[:, None])
-    return state.frames[e[:, None], pos % state.slots_per_env]
-
-
-# ------------------------------------------------------------------------------------------------
 # the buffer
 # ------------------------------------------------------------------------------------------------
 def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: jax.Array, reward: jax.Array,
@@ -381,13 +308,6 @@ def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: ja
     flips = jnp.sum(touch & ok, dtype=jnp.int32) - jnp.sum(touch & was, dtype=jnp.int32)
     tree = sum_tree.update(state.tree, leaf.reshape(-1), value.reshape(-1), touch.reshape(-1))
     return state.replace(valid=valid, tree=tree, num_valid=state.num_valid + flips)
-
-
-def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
-    x = jnp.asarray(x)
-    if x.shape != (b,):
-        raise ValueError(f"{name} must have shape ({b},) (one entry per row), got {x.shape}")
-    return x if dtype is None else x.astype(dtype)
 
 
 def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: jax.Array, terminated: jax.Array,
@@ -470,100 +390,3 @@ def add(state: FrameReplayState, frame: jax.Array, action: jax.Array, reward: ja
                    action, reward, terminated, truncated, first, sr & ~done, version, mask)
     no = jnp.zeros((b,), bool)
     return _write(state, env_id, frame, action, reward, no, no, ~no, sr, version, mask & done)
-
-
-def can_sample(state: FrameReplayState, min_size: int) -> jax.Array:
-    """``()`` bool: at least ``min_size`` transitions can be sampled (``min_size >= 1``).
-
-    Raises:
-        ValueError: ``min_size < 1`` (when concrete).
-    """
-    replay._check_number("min_size", min_size, 1, math.inf, "an int >= 1")
-    return state.num_valid >= min_size
-
-
-def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float = 0.0) -> FrameSample:
-    """Draw ``B`` valid transitions, stratified over the sum-tree (Schaul et al. 2016, B.2.1).
-
-    Uniform buffer: each valid start with probability ``1 / num_valid``. Prioritised buffer:
-    ``P(i) = p_i^alpha / sum_k p_k^alpha`` over the valid starts, importance weights
-    ``(p_i / p_min)^-beta`` (as :func:`tianji_jax.replay.sample_prioritised`). Both stacks are
-    rebuilt from the rings. ``O(B (log C + S + n))`` plus copying ``2 B S`` frames.
-
-    Args:
-        state: the buffer (check :func:`can_sample` first).
-        key: PRNG key.
-        batch_size: ``B >= 1``, static Python int.
-        beta: importance-sampling exponent in [0, 1] (no effect on a uniform buffer).
-
-    Returns:
-        :class:`FrameSample`.
-
-    Raises:
-        ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
-    """
-    b = replay._check_batch_size(batch_size)
-    replay._check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
-    f = state.slots_per_env
-    idx = sum_tree.sample_stratified(state.tree, key, b)
-    e, k = idx // f, idx % f
-    t = state.step_index[e, k]
-    # n-step return along the episode (validity guarantees t + 1 .. t + m are held)
-    ret = jnp.zeros((b,), jnp.float32)
-    disc = jnp.ones((b,), jnp.float32)
-    m = jnp.zeros((b,), jnp.int32)
-    alive = jnp.ones((b,), bool)
-    for j in range(1, state.n_step + 1):
-        ret = jnp.where(alive, ret + disc * _at(state.reward, state, e, t + j), ret)
-        disc = jnp.where(alive, disc * state.gamma, disc)
-        m = jnp.where(alive, j, m)
-        alive &= ~_done(state, e, t + j)
-    discount = jnp.where(_at(state.terminated, state, e, t + m), 0.0, disc)
-    transition = Transition(obs=_stack(state, e, t), action=_at(state.action, state, e, t + 1), reward=ret,
-                            discount=discount, next_obs=_stack(state, e, t + m))
-    probs, weights = replay._probs_and_weights(state.tree, idx, beta)
-    return FrameSample(transition=transition, indices=idx, env_id=e, step=t,
-                       policy_version=_at(state.policy_version, state, e, t + 1), probs=probs, weights=weights)
-
-
-def update_priorities(state: FrameReplayState, indices: jax.Array, step: jax.Array, td_errors: jax.Array,
-                      alpha: float = 0.6, eps: float = 1e-6) -> FrameReplayState:
-    """Set ``p^alpha = (|td| + eps)^alpha`` of sampled transitions (Schaul et al. 2016).
-
-    Rows whose slot now holds another step (overwritten since sampling) or is no longer valid
-    are skipped; duplicated indices: the last one wins (:func:`tianji_jax.sum_tree.update`).
-    Raises ``max_priority`` to the largest value written. ``O(B log C)``. Jit with
-    ``donate_argnums=0``.
-
-    Args:
-        state: a prioritised buffer.
-        indices: ``(B,)`` int ``FrameSample.indices``.
-        step: ``(B,)`` int ``FrameSample.step``.
-        td_errors: ``(B,)`` float TD errors (sign ignored).
-        alpha: priority exponent ``>= 0``; keep it constant over training.
-        eps: ``>= 0`` floor.
-
-    Raises:
-        ValueError: the buffer is uniform; shapes not ``(B,)``; ``alpha`` / ``eps`` < 0.
-    """
-    if not state.prioritised:
-        raise ValueError("update_priorities needs a buffer made with init(..., prioritised=True)")
-    replay._check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
-    replay._check_number("eps", eps, 0.0, math.inf, ">= 0")
-    indices = jnp.asarray(indices, jnp.int32)
-    b = indices.shape[0] if indices.ndim == 1 else -1
-    if b < 0:
-        raise ValueError(f"indices must have shape (B,), got {indices.shape}")
-    step = _rows("step", step, b, jnp.int32)
-    td = _rows("td_errors", td_errors, b, jnp.float32)
-    f, n = state.slots_per_env, state.num_envs * state.slots_per_env
-    inside = (indices >= 0) & (indices < n)
-    safe = jnp.where(inside, indices, 0)
-    e, k = safe // f, safe % f
-    current = inside & (state.step_index[e, k] == step) & state.valid[e, k]
-    written = sum_tree.last_write_mask(indices, current)
-    new_p = jnp.power(jnp.abs(td) + eps, alpha)
-    return state.replace(
-        priority=state.priority.at[jnp.where(written, e, state.num_envs), k].set(new_p, mode="drop"),
-        tree=sum_tree.update(state.tree, indices, new_p, written),
-        max_priority=jnp.maximum(state.max_priority, jnp.max(jnp.where(written, new_p, 0.0))))

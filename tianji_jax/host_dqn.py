@@ -102,7 +102,7 @@ def train_dqn(config: DQNConfig, *, run_dir, progress, callback, resume, checkpo
                "replay_bytes": config.replay_bytes}
     files = RunFiles(config, "dqn", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                     resumable=True)
+                     resumable=config.num_learner_groups == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -130,26 +130,34 @@ def run_async_dqn(config: DQNConfig, files: RunFiles, emit: Callable[..., bool],
     from tianji_jax.runtime.dqn_anakin import DQNTrainState
 
     every = config.iterations_per_chunk
-    dqn = AsyncDQN(config, snapshot_every=every, restore=host_loop.async_restore(files.restored))
+    dqn = AsyncDQN(config, restore=host_loop.async_restore(files.restored))
     print(dqn.describe_placement(), file=sys.stderr, flush=True)
     runner = dqn.runner
+    total = config.learning_iterations // config.num_learner_groups * config.num_learner_groups
 
     def extra() -> dict:
         with dqn.timers_lock:
             timers = dict(dqn.timers)
-        # device copies of (learner, replay) and the actors' half of the checkpoint cut, which the
-        # learner thread took at this block when a row is due
-        return {**timers, "state_copy": dqn.snapshot, "cut": dqn.snapshot_cut,
-                "dropped_partial": dqn.env_steps_discarded, "lost_chunks": dqn.lost_chunks}
+        snap = {**timers, "state_copy": None, "cut": None, "dropped_partial": dqn.env_steps_discarded,
+                "lost_chunks": dqn.lost_chunks}
+        group, block = runner.publishing_group, runner.start_version + runner.published
+        if group is not None and (block % every == 0 or block == total):  # a row is due at this block
+            # in the publishing learner thread, before its next insert donates the replay: a
+            # device copy of (learner, replay) of exactly this block and the actors' half of the cut
+            snap["state_copy"], snap["cut"] = dqn.row_state(group)
+        return snap
 
     runner.extra_snapshot = extra
     pending: list[dict] = []
     last = runner.take_snapshot()
     stopped = [False]
+    blocks = [runner.start_version]  # learner blocks of all groups (= the version without groups)
 
-    def on_update(version: int, metrics: dict, _item: Any) -> bool:
+    def on_update(_version: int, metrics: dict, _item: Any) -> bool:
         pending.append(metrics)
-        if version % every and version != config.learning_iterations:
+        blocks[0] += 1
+        version = blocks[0]
+        if version % every and version != total:
             return False
         m = {k: np.asarray([p[k] for p in pending]) for k in pending[0]}
         pending.clear()
@@ -178,9 +186,10 @@ def run_async_dqn(config: DQNConfig, files: RunFiles, emit: Callable[..., bool],
         actors = snap["cut"]["actors"]
         state = DQNTrainState(stack_actors(actors), learner, replay_copy)
         files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],
+                                           "learner_groups": config.num_learner_groups,
                                            "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
                                            "has_actor": state.actor is not None},
-                         finished=stopped[0] or version == config.learning_iterations)
+                         finished=stopped[0] or version == total)
         if callback is not None:  # after the checkpoint, as in the other loops
             callback(dict(row))
         return stopped[0]

@@ -197,13 +197,14 @@ def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacke
 
         trainer = make_dqn_train(config)
         shards = config.num_learner_devices
+        groups = config.num_learner_groups  # a checkpoint of a group run holds one group's replay
         init_replay = ((lambda: init_sharded_replay(trainer, shards)) if shards > 1  # sharded by env (async)
-                       else (lambda: trainer.init_replay(config.num_actors)))
+                       else (lambda: trainer.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)))
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
             return DQNTrainState(None, *jax.eval_shape(
                 lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), init_replay()), key))
         state = jax.eval_shape(trainer.init, key)
-        if shards > 1:
+        if shards > 1 or groups > 1:
             state = state.replace(replay=jax.eval_shape(init_replay))
     else:
         trainer = make_train(config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,145 +23,19 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tianji_jax.caches import register
-from tianji_jax.buffers import ReplayIngress, TrajectoryItem
+from tianji_jax.buffers import TrajectoryItem
 from tianji_jax.config import DQNConfig
-from tianji_jax.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_ppo import placement, resume_seed
 from tianji_jax.runtime import dqn_sharded
-from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.replay_runner import ReplayRunner
 from tianji_jax.runtime.dqn_host import DQNHostActor
-from tianji_jax.runtime.dqn_parts import DQNParts, actor_epsilons, window_transitions
+from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
+from tianji_jax.runtime.dqn_parts import DQNLearnerState, DQNParts, actor_epsilons, window_transitions
 
 __all__ = ["AsyncDQN", "ReplayRunner"]
 
 _JIT_CACHE: dict[Any, tuple] = register({})
 _LOCK = threading.Lock()
-
-
-class ReplayRunner(AsyncRunner):
-    """:class:`AsyncRunner` whose learner drains a :class:`ReplayIngress` instead of a FIFO.
-
-    ``relaxed`` (default): actors run the relaxed loop (admission by the limiter, newest params).
-    The learner loop takes every waiting chunk (the gate at insert drops stale ones), calls
-    ``insert(chunks)``, and when the limiter allows a block calls ``learn(None, version)`` and
-    publishes version + 1.
-
-    ``sync`` (one actor): the Anakin iteration order. The actor acts chunk k once the learner has
-    processed chunk k-1, with the params published then; the learner inserts each chunk and runs
-    one block right after it once more than ``min_size`` env steps are inserted (the blocks'
-    samples are recorded with the limiter, which then only reports). Lag 0, deterministic.
-
-    Args:
-        actors: one ``act(params, version) -> (data, num_steps)`` per actor thread.
-        insert: ``insert(list[TrajectoryItem])``, called in the learner thread.
-        learn: ``learn(None, version) -> (params, metrics)``, one learner block.
-        initial_params: params published as version 0.
-        num_updates: learner blocks to run.
-        chunk_steps: env steps per actor chunk (``c``).
-        spi: samples per inserted env step (``replay_ratio * batch_size``).
-        block_samples: items sampled per block (``updates_per_step * batch_size``).
-        min_size: env steps inserted before the first block (``learning_starts``).
-        max_policy_lag: ``K`` of the gate at insert.
-        stall_timeout_s: no chunk and no block this long stops the run with :class:`StallError`.
-        initial_version: version of ``initial_params`` (the restored learner's on resume).
-        schedule: ``"relaxed"`` or ``"sync"`` (``max_policy_lag`` must then be 0).
-
-    Raises:
-        ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
-            thread starts.
-    """
-
-    def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem]], None], learn: Callable,
-                 initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
-                 min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
-                 schedule: str = "relaxed"):
-        if schedule not in ("sync", "relaxed"):
-            raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
-        super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
-                         item_steps=chunk_steps, schedule=schedule, max_policy_lag=max_policy_lag,
-                         queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version)
-        self.min_size = int(min_size)
-        self._processed = 0  # sync: chunks the learner has inserted (and learned after), this process
-        self._processed_cond = threading.Condition()
-        # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
-        # deadlock rule needs on each side, so neither side can block forever.
-        tol = block_samples + spi * chunk_steps
-        centre = min_size * spi
-        self.buffer = ReplayIngress(RateLimiter(spi=spi, min_size=max(1, min_size), min_diff=centre - tol,
-                                                max_diff=centre + tol, batch_items=block_samples,
-                                                chunk_items=chunk_steps), max_policy_lag)
-        self.buffers = [self.buffer]
-        self.insert, self.block_samples = insert, int(block_samples)
-
-    def _actor_loop(self, actor_id: int) -> None:
-        if self.schedule != "sync":
-            return super()._actor_loop(actor_id)
-        act = self.actors[actor_id]
-        r = 0
-        while not self.stop.is_set():
-            with self.telemetry.span("actor_wait_s"), self._processed_cond:  # the learner done with chunk r - 1
-                deadline = time.monotonic() + self.stall_timeout_s
-                while self._processed < r:
-                    if self.stop.is_set():
-                        return
-                    if time.monotonic() > deadline:
-                        raise StallError(f"actor {actor_id} waited {self.stall_timeout_s:g} s for the learner to "
-                                         f"process chunk {r - 1}; last published version {self.store.version}")
-                    self._processed_cond.wait(0.1)
-            params, version = self.store.latest()
-            with self.telemetry.span("actor_busy_s"):
-                data, steps = act(params, version)
-            self.actor_logs[actor_id].append(version)
-            if not self._insert(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)):
-                return
-            r += 1
-
-    def _sync_learner_loop(self) -> None:
-        version = self.store.version
-        last_fresh = time.monotonic()
-        while version < self.num_updates and not self.stop.is_set():
-            with self.telemetry.span("learner_wait_s"):
-                chunks, _ = self.buffer.take(version, None, 0.5, self.stop)
-            if not chunks:
-                self._check_stall(last_fresh, "learner received no transitions", f"last published version {version}")
-                continue
-            last_fresh = time.monotonic()
-            for chunk in chunks:
-                with self.telemetry.span("learner_busy_s"):
-                    self.insert([chunk])
-                    if self.buffer.inserted > self.min_size:  # as Anakin: learn once past learning_starts
-                        self.buffer.record_sample(self.block_samples)
-                        params, metrics = self.learn(None, version)
-                        version += 1
-                        self.store.publish(params, version)
-                        self.events.put(("update", version, metrics, None, self.take_snapshot()))
-                with self._processed_cond:
-                    self._processed += 1
-                    self._processed_cond.notify_all()
-        self.events.put(("done", version, None, None, self.take_snapshot()))
-
-    def _learner_loop(self) -> None:
-        if self.schedule == "sync":
-            return self._sync_learner_loop()
-        version = self.store.version
-        last_fresh = time.monotonic()
-        while version < self.num_updates and not self.stop.is_set():
-            with self.telemetry.span("learner_wait_s"):
-                chunks, can_learn = self.buffer.take(version, self.block_samples, 0.5, self.stop)
-            if chunks:
-                with self.telemetry.span("learner_busy_s"):
-                    self.insert(chunks)
-                last_fresh = time.monotonic()
-            if not can_learn:
-                self._check_stall(last_fresh, "learner received no transitions and could not sample",
-                                  f"last published version {version}")
-                continue
-            with self.telemetry.span("learner_busy_s"):
-                params, metrics = self.learn(None, version)
-            version += 1
-            self.store.publish(params, version)
-            self.events.put(("update", version, metrics, None, self.take_snapshot()))
-        self.events.put(("done", version, None, None, self.take_snapshot()))
 
 
 class AsyncDQN:
@@ -180,11 +54,6 @@ class AsyncDQN:
 
     Args:
         config: a :class:`DQNConfig` with ``runtime='async'``.
-        snapshot_every: after every this many learner blocks (and the last), the learner thread
-            stores device copies of ``(learner_state, replay_state)`` in ``snapshot`` and the
-            matching actor half and counters in ``snapshot_cut`` (see :meth:`cut`); the replay
-            state itself is donated to the next insert/learn call, so other threads (checkpoints)
-            must read the snapshot, never ``replay_state``.
         restore: continue a run from a checkpoint cut: a dict with ``"learner"``
             (:class:`~tianji_jax.runtime.dqn_parts.DQNLearnerState`), ``"replay"`` (the replay
             state, contents and priorities), ``"actors"`` (one
@@ -192,30 +61,41 @@ class AsyncDQN:
             (:meth:`cut`'s); the rate limiter continues from the cut's inserts and samples, and
             epsilon from the env steps produced (``taken + dropped_stale``).
 
+    Learner groups (``config.num_learner_groups`` G > 1): G learner states on the last G devices
+    (:attr:`group_devices`), all starting from the same params (learner keys folded with the
+    group), each with its own replay of ``buffer_capacity / G`` transitions; actor ``i`` feeds
+    group ``i % G``; at a sync point (:func:`~tianji_jax.runtime.learner_groups.is_sync_point`)
+    a group waits for the others and continues from the mean online and target params
+    (:class:`~tianji_jax.runtime.learner_groups.ParamAverager`); optimizer states and replays
+    stay per group.
+
     Raises:
-        ValueError: ``restore`` with a number of actor states other than ``num_actors``.
+        ValueError: ``restore`` with a number of actor states other than ``num_actors``, or for
+            a run with learner groups.
 
     Attributes:
         runner: the :class:`ReplayRunner`.
-        learner_state, replay_state: the learner's newest states (on the learner device; read
-            after the run).
-        episode_stats: ``{"episode_return_sum", "episode_length_sum", "episode_count"}`` summed over
-            the chunks inserted since the last block (folded into that block's metrics).
+        learner_states, replay_states: per learner group, its newest states (on its device(s);
+            read after the run); :attr:`learner_state` / :attr:`replay_state` are group 0's.
+        episode_stats: per group, ``{"episode_return_sum", "episode_length_sum",
+            "episode_count"}`` summed over the chunks inserted since its last block (folded into
+            that block's metrics).
         epsilon: mean exploration epsilon over all envs of all actors (each actor's latest inserted chunk).
         host_actors: the :class:`DQNHostActor` s (empty for gymnax); call :meth:`close` after the run.
         timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
     """
 
-    def __init__(self, config: DQNConfig, snapshot_every: int | None = None, restore: dict | None = None):
+    def __init__(self, config: DQNConfig, restore: dict | None = None):
         from tianji_jax.runtime.dqn_anakin import dqn_compile_key
 
-        self.snapshot_every = snapshot_every
-        self.snapshot: tuple[Any, Any] | None = None
-        self.snapshot_cut: dict | None = None
-
         self.config = config
-        num_learners = config.num_learner_devices
-        self.actor_device, self.learner_devices = placement(num_learner_devices=num_learners)
+        num_learners, groups = config.num_learner_devices, config.num_learner_groups
+        if restore is not None and groups > 1:
+            raise ValueError(f"resume of a run with learner groups (num_learner_groups={groups}) is not supported "
+                             "yet; allowed: resume runs with num_learner_groups=1")
+        self.actor_device, devs = placement(num_learner_devices=num_learners, num_learner_groups=groups)
+        self.learner_devices = devs[:num_learners]
+        self.group_devices = devs[::num_learners]  # one device per learner group (the first with one group)
         self.learner_device = self.learner_devices[0]
         key = dqn_compile_key(config)
         with _LOCK:
@@ -231,12 +111,13 @@ class AsyncDQN:
                 skey = (key, tuple(d.id for d in self.learner_devices))
                 if skey not in _JIT_CACHE:
                     _JIT_CACHE[skey] = dqn_sharded.make_sharded_fns(self.parts, self.learner_devices)
-                mesh, self._place, self._insert, self._learn = _JIT_CACHE[skey]
+                mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
         if num_learners > 1:
             replicated, replay_at = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+            self._place = lambda items, item_version, mask, group=0: place(items, item_version, mask)
         else:
             replicated = replay_at = self.learner_device
-            self._place = lambda *tree: jax.device_put(tree, self.learner_device)
+            self._place = lambda *tree, group=0: jax.device_put(tree, self.group_devices[group])
         self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
@@ -246,14 +127,21 @@ class AsyncDQN:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = self.parts.init_learner(k_learner), None
             replay = (dqn_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True) if num_learners > 1
-                      else self.parts.init_replay(config.num_actors, check_memory=True))
+                      else self.parts.init_replay(config.num_actors, check_memory=True,
+                                                  capacity=config.buffer_capacity // groups))
         else:
             learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
             if not on_host and (actors is None or len(actors) != config.num_actors):
                 raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
                                  f"{None if actors is None else len(actors)}")
-        self.learner_state = jax.device_put(learner, replicated)
-        self.replay_state = jax.device_put(replay, replay_at)
+        # per learner group: the same params, the learner key folded with the group, its own replay
+        self.learner_states = [jax.device_put(learner, replicated)] + [
+            jax.device_put(learner.replace(key=jax.random.fold_in(learner.key, g)), self.group_devices[g])
+            for g in range(1, groups)]
+        self.replay_states = [jax.device_put(replay, replay_at)] + [
+            self.parts.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
+            for _ in range(1, groups)]
+        self.replay_states[1:] = [jax.device_put(r, d) for r, d in zip(self.replay_states[1:], self.group_devices[1:])]
         self._actor_epsilon = [float(np.mean(actor_epsilons(config, 0, i))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
@@ -275,8 +163,9 @@ class AsyncDQN:
                 else:
                     for i, k in enumerate(keys):
                         self.host_actors.append(DQNHostActor(
-                            config, self.parts, host_act, build, i, k, self.actor_device, self._place_tree,
-                            self._run_env_steps, self._time, seed=env_seed))
+                            config, self.parts, host_act, build, i, k, self.actor_device,
+                            partial(self._place_tree, group=i % groups), self._run_env_steps, self._time,
+                            seed=env_seed))
             except BaseException:
                 self.close()
                 raise
@@ -290,21 +179,31 @@ class AsyncDQN:
         c = config.iteration_env_steps
         self.runner = ReplayRunner(
             actors=actors, insert=self._insert_chunks,
-            learn=self._learn_block, initial_params=self.learner_state.params, num_updates=config.learning_iterations,
-            chunk_steps=c, spi=config.replay_ratio * config.batch_size,
-            block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts,
+            learn=self._learn_block, initial_params=self.learner_state.params,
+            num_updates=config.learning_iterations // groups, chunk_steps=c, spi=config.replay_ratio * config.batch_size,
+            block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts // groups,
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
-            schedule=config.schedule)
+            schedule=config.schedule, num_groups=groups)
+        self.averager = (ParamAverager(groups, self.group_devices, config.stall_timeout_s, self.runner.stop)
+                         if groups > 1 else None)
         if self.remote is not None:
             self.remote.bind(self.runner.stop)
         if restore is not None:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
 
+    def row_state(self, group: int) -> tuple[tuple[Any, Any], dict]:
+        """``((learner, replay copy), cut)`` of learner group ``group`` right now: call it in that
+        group's learner thread right after a block (``ReplayRunner.extra_snapshot``), before the
+        next insert donates its replay. The learner state is not donated, so it is shared, not
+        copied; the replay is copied on its device."""
+        replay = jax.block_until_ready(jax.tree.map(jnp.copy, self.replay_states[group]))
+        return (self.learner_states[group], replay), self.cut()
+
     def cut(self) -> dict:
         """The actor half and the counters of a checkpoint cut, taken in the learner thread right
-        after a learner block (with ``snapshot``): ``{"actors": per actor, its state right after its
+        after a learner block (with :meth:`row_state`): ``{"actors": per actor, its state right after its
         newest chunk the learner inserted into replay (a chunk the gate dropped is rolled out again
         on resume), "counters": the ingress's
         :meth:`~tianji_jax.buffers.ReplayIngress.cut_counters` plus "epsilon" (of the newest
@@ -314,8 +213,27 @@ class AsyncDQN:
         return {"actors": list(self.consumed_actor_states),
                 "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
 
+    @property
+    def learner_state(self) -> DQNLearnerState:
+        """Learner group 0's newest state (the only one without groups; read it after the run)."""
+        return self.learner_states[0]
+
+    @learner_state.setter
+    def learner_state(self, state: DQNLearnerState) -> None:
+        self.learner_states[0] = state
+
+    @property
+    def replay_state(self) -> Any:
+        """Learner group 0's replay (donated to every insert / learn: other threads read a
+        :meth:`row_state` copy)."""
+        return self.replay_states[0]
+
+    @replay_state.setter
+    def replay_state(self, state: Any) -> None:
+        self.replay_states[0] = state
+
     def _run_env_steps(self) -> int:
-        return self.runner.buffer.produced
+        return sum(b.produced for b in self.runner.buffers)
 
     def close(self) -> None:
         """Close the host envs of host actors, kill remote Ray actors and shut down the Ray
@@ -345,18 +263,23 @@ class AsyncDQN:
             return (jax.device_put(items, self.learner_device), int(item_version), None, stats), None
         return (*self._place(items, item_version, mask), stats), None
 
-    def _place_tree(self, tree: Any) -> Any:
-        """A host actor's chunk arrays on the learner (``(items, item_version, mask)`` placed by
-        ``_place``; a frame chunk on the learner device)."""
+    def _place_tree(self, tree: Any, group: int = 0) -> Any:
+        """A host actor's chunk arrays on learner group ``group`` (``(items, item_version, mask)``
+        placed by ``_place``; a frame chunk on the learner device)."""
         if self.parts.frame_replay:
             return jax.device_put(tree, self.learner_device)
-        return self._place(*tree)
+        return self._place(*tree, group=group)
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
         learners = ", ".join(str(d) for d in self.learner_devices)
         if self.remote is not None:
             return self.remote.describe(f"{learners} (with the replay buffer)")
+        if len(self.group_devices) > 1:
+            shared = " (a device shared with the actors)" if self.actor_device in self.group_devices else ""
+            return (f"placement: actors on {self.actor_device}, {len(self.group_devices)} learner groups, each with "
+                    f"its own replay, on " + ", ".join(f"{d} (group {g})" for g, d in enumerate(self.group_devices))
+                    + shared)
         if len(self.learner_devices) > 1:
             shared = " (a device shared with the actors)" if self.actor_device in self.learner_devices else ""
             return (f"placement: actors on {self.actor_device}, {len(self.learner_devices)} data-parallel learners "
@@ -368,8 +291,13 @@ class AsyncDQN:
         with self.timers_lock:
             self.timers[name] += time.perf_counter() - t0
 
-    def _zero_stats(self) -> None:
-        self.episode_stats = {"episode_return_sum": 0.0, "episode_length_sum": 0.0, "episode_count": 0}
+    def _zero_stats(self, group: int | None = None) -> None:
+        """Zero group ``group``'s episode statistics (every group's when None)."""
+        zero = lambda: {"episode_return_sum": 0.0, "episode_length_sum": 0.0, "episode_count": 0}  # noqa: E731
+        if group is None:
+            self.episode_stats = [zero() for _ in range(self.config.num_learner_groups)]
+        else:
+            self.episode_stats[group] = zero()
 
     def _make_actor(self, i: int):
         def act(params: Any, version: int):
@@ -379,7 +307,7 @@ class AsyncDQN:
             # epsilon follows the run's env steps (all actors together) step by step inside the
             # rollout, exactly as in Anakin (so the `sync` schedule reproduces it bit for bit), or
             # Ape-X's fixed per-env epsilons of this actor's slice
-            produced = self.runner.buffer.produced
+            produced = self._run_env_steps()
             state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
             eps = (None if self.config.epsilon_schedule == "linear"
                    else jax.device_put(actor_epsilons(self.config, produced, i), self.actor_device))
@@ -390,14 +318,16 @@ class AsyncDQN:
             self._time("rollout_s", t0)
             self._actor_states[i] = state
             t0 = time.perf_counter()
-            data = jax.block_until_ready((*self._place(items, item_version, mask),
-                                          jax.device_put(stats, self.learner_device)))
+            group = i % self.config.num_learner_groups
+            data = jax.block_until_ready((*self._place(items, item_version, mask, group=group),
+                                          jax.device_put(stats, self.group_devices[group])))
             self._time("h2d_s", t0)
             return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
 
-    def _insert_chunks(self, chunks: list[TrajectoryItem]) -> None:
+    def _insert_chunks(self, chunks: list[TrajectoryItem], group: int = 0) -> None:
         t0 = time.perf_counter()
+        stats_g = self.episode_stats[group]
         for chunk in chunks:
             (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
             if self.parts.frame_replay:  # items: the frame chunk, item_version: the actor's chunk number
@@ -407,28 +337,31 @@ class AsyncDQN:
                 self.replay_state = self._insert_frames(self.replay_state, items,
                                                         np.int32(a * self.config.num_envs), np.bool_(gap))
             else:
-                self.replay_state = self._insert(self.replay_state, items, item_version, mask)
+                self.replay_states[group] = self._insert(self.replay_states[group], items, item_version, mask)
             host = jax.device_get(stats)
-            self.episode_stats["episode_return_sum"] += float(host["episode_return_sum"])
-            self.episode_stats["episode_length_sum"] += float(host["episode_length_sum"])
-            self.episode_stats["episode_count"] += int(host["episode_count"])
+            stats_g["episode_return_sum"] += float(host["episode_return_sum"])
+            stats_g["episode_length_sum"] += float(host["episode_length_sum"])
+            stats_g["episode_count"] += int(host["episode_count"])
             self._actor_epsilon[chunk.actor_id] = float(host["epsilon"])
         self.epsilon = float(np.mean(self._actor_epsilon))
-        jax.block_until_ready(self.replay_state)
+        jax.block_until_ready(self.replay_states[group])
         self._time("update_s", t0)
 
-    def _learn_block(self, _item: Any, version: int):
+    def _learn_block(self, group: int, version: int):
         t0 = time.perf_counter()
-        env_steps = jnp.asarray(self.runner.buffer.inserted, jnp.int32)
-        learner, self.replay_state, metrics = self._learn(self.learner_state, self.replay_state, env_steps)
+        config = self.config
+        env_steps = jnp.asarray(sum(b.inserted for b in self.runner.buffers), jnp.int32)
+        learner, self.replay_states[group], metrics = self._learn(self.learner_states[group],
+                                                                  self.replay_states[group], env_steps)
+        per_group = config.learning_iterations // config.num_learner_groups
+        if self.averager is not None and is_sync_point(version + 1, config.sync_every, per_group):
+            mean = self.averager.average(group, (learner.params, learner.target_params), version + 1)
+            if mean is not None:  # None: the run is stopping
+                learner = learner.replace(params=mean[0], target_params=mean[1])
         jax.block_until_ready(learner.params)
         self._time("update_s", t0)
-        self.learner_state = learner
-        blocks = version + 1
-        if self.snapshot_every and (blocks % self.snapshot_every == 0 or blocks == self.config.learning_iterations):
-            self.snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, (learner, self.replay_state)))
-            self.snapshot_cut = self.cut()
-        metrics = {**jax.device_get(metrics), **self.episode_stats, "epsilon": self.epsilon,
-                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_state)))}
-        self._zero_stats()
+        self.learner_states[group] = learner
+        metrics = {**jax.device_get(metrics), **self.episode_stats[group], "epsilon": self.epsilon,
+                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_states[group])))}
+        self._zero_stats(group)
         return learner.params, metrics

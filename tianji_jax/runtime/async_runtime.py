@@ -179,7 +179,7 @@ class AsyncRunner:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
                 exc.add_note(f"raised in tianji thread {name!r}")
-                self.events.put(("error", name, exc, traceback.format_exc(), None))
+                self.events.put(("error", name, exc, traceback.format_exc(), None, None))
                 self.stop.set()
                 self._wake()
         return run
@@ -287,8 +287,8 @@ class AsyncRunner:
                 params, metrics = self.learn(item, version)
             version += 1
             store.publish(params, version)
-            self.events.put(("update", version, metrics, item, self.take_snapshot()))
-        self.events.put(("done", version, None, None, self.take_snapshot()))
+            self.events.put(("update", version, metrics, item, self.take_snapshot(), group))
+        self.events.put(("done", version, None, None, self.take_snapshot(), group))
 
     def _check_stall(self, last_fresh: float, what: str, state: str) -> None:
         """Raise :class:`StallError` ("``what`` for T s; ``state``") when nothing fresh arrived for
@@ -345,7 +345,7 @@ class AsyncRunner:
         try:
             while True:
                 try:
-                    kind, version, payload, item, snap = self.events.get(timeout=0.1)
+                    kind, version, payload, item, snap, group = self.events.get(timeout=0.1)
                 except queue.Empty:
                     continue
                 if kind == "error":
@@ -356,7 +356,7 @@ class AsyncRunner:
                     if finished == self.num_groups:
                         break
                     continue
-                latest[self.group_of(item.actor_id) if item is not None else 0] = version
+                latest[group] = version
                 self.snapshot = snap
                 if on_update(version, payload, item):
                     break
@@ -369,7 +369,7 @@ class AsyncRunner:
             alive = [t.name for t in self._threads if t.is_alive()]
         if error is None:  # a thread may have failed while we were shutting down
             while not self.events.empty():
-                kind, _, payload, _, _ = self.events.get_nowait()
+                kind, _, payload, _, _, _ = self.events.get_nowait()
                 if kind == "error":
                     error = payload
                     break

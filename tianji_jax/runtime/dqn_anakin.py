@@ -155,7 +155,7 @@ def dqn_compile_key(config: DQNConfig) -> DQNConfig:
     return config.replace(seed=0, stop_at_return=None, runtime=runtime, max_policy_lag=4, num_actors=1,
                           stall_timeout_s=60.0, env_batch_size=None, schedule="relaxed",
                           max_nonfinite_updates=5, actor_backend="threads", ray_address=None, ray_max_restarts=3,
-                          num_learner_devices=1)
+                          num_learner_devices=1, num_learner_groups=1, sync_every=1)
 
 
 def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:

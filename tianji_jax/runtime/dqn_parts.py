@@ -231,8 +231,8 @@ class DQNParts:
         zero = jnp.zeros((), jnp.int32)
         return DQNLearnerState(params, jax.tree.map(jnp.copy, params), self.tx.init(params), key, zero, zero)
 
-    def init_replay(self, num_actors: int = 1, check_memory: bool = False) -> Any:
-        """An empty replay buffer of ``buffer_capacity`` transitions: a
+    def init_replay(self, num_actors: int = 1, check_memory: bool = False, capacity: int | None = None) -> Any:
+        """An empty replay buffer of ``capacity`` (default ``buffer_capacity``) transitions: a
         :class:`~tianji_jax.frame_replay.FrameReplayState` with one ring per env of the
         ``num_actors`` actors (env ``actor * num_envs + e``) when ``config.frame_replay``, else a
         :class:`~tianji_jax.replay.ReplayState`. Traceable (it can live inside a jitted / vmapped
@@ -243,14 +243,15 @@ class DQNParts:
             MemoryError: ``check_memory`` and the buffer would not fit (the message gives the bytes).
         """
         cfg = self.config
+        capacity = cfg.buffer_capacity if capacity is None else capacity
         if self.frame_replay:
-            return frame_replay.init(num_actors * cfg.num_envs, cfg.buffer_capacity, self.obs_shape[1:],
+            return frame_replay.init(num_actors * cfg.num_envs, capacity, self.obs_shape[1:],
                                      stack=self.obs_shape[0], n_step=cfg.n_step, gamma=cfg.gamma,
                                      prioritised=cfg.prioritized, frame_dtype=self.obs_dtype,
                                      check_memory=check_memory)
         if check_memory:
-            replay.check_fits(replay.replay_bytes(self.example_item, cfg.buffer_capacity))
-        return replay.init(self.example_item, cfg.buffer_capacity, check_memory=False)
+            replay.check_fits(replay.replay_bytes(self.example_item, capacity))
+        return replay.init(self.example_item, capacity, check_memory=False)
 
     def replay_size(self, replay_state: Any) -> jax.Array:
         """int32 transitions that can be sampled now (``size``; frame replay: ``num_valid``)."""

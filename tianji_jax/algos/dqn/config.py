@@ -10,7 +10,7 @@ import tyro
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
                                     _plain_numbers, _torso_text)
 from tianji_jax import capabilities
-from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray
+from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray, _check_replay_layout
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
 
 __all__ = ["DQNConfig"]
@@ -177,6 +177,17 @@ class DQNConfig(_AgentConfig):
     env columns of every actor, with its own priorities); every gradient update each replica
     samples batch_size / L items from its shard and the gradients are averaged. L must divide
     num_envs, batch_size and buffer_capacity. Not with frame replay (envpool Atari) yet."""
+    num_learner_groups: int = 1
+    """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
+    device with its own replay of buffer_capacity / G transitions, rate limiter, optimizer state
+    and policy version, fed by num_actors / G of the actors (actor i feeds group i % G and acts
+    with that group's params); each starts learning after learning_starts / G of its own env
+    steps, and every sync_every blocks of their own the groups average their online and target
+    params. The run's learner blocks (learning_iterations) are split evenly over the groups. Not
+    combined with num_learner_devices > 1, frame replay (Atari), Ray actors or resume yet."""
+    sync_every: int = 1
+    """Learner groups: each group's learner blocks between param averagings (and always at its
+    last block). Needs ``num_learner_groups > 1``."""
     env_batch_size: int | None = None
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
@@ -257,9 +268,11 @@ class DQNConfig(_AgentConfig):
             raise ValueError(f"runtime must be one of {_DQN_RUNTIMES}, got {self.runtime!r}")
         if self.schedule not in ("sync", "relaxed"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed'), got {self.schedule!r}")
-        if self.runtime == "async" and self.schedule == "sync" and self.num_actors != 1:
-            raise ValueError(f"num_actors must be 1 for schedule 'sync', got {self.num_actors}; "
-                             "use schedule 'relaxed' for several actors")
+        _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
+        groups = self.num_learner_groups
+        if self.runtime == "async" and self.schedule == "sync" and self.num_actors != groups:
+            raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule 'sync', got "
+                             f"{self.num_actors}; use schedule 'relaxed' for several actors")
         # target network: exactly one of the two rules
         if self.tau is not None:
             _check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
@@ -307,12 +320,6 @@ class DQNConfig(_AgentConfig):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         capabilities.check("dqn", self, spec.backend)  # the (runtime, actors, learners, env) cell
-        ld = self.num_learner_devices
-        bad = [f"{k}={getattr(self, k)}" for k in ("num_envs", "batch_size", "buffer_capacity") if getattr(self, k) % ld]
-        if bad:
-            raise ValueError(f"num_learner_devices={ld} must divide num_envs, batch_size and buffer_capacity (the "
-                             f"replay is sharded by env, each replica samples batch_size / {ld}); got {', '.join(bad)}; "
-                             f"allowed: {[d for d in range(1, self.num_envs + 1) if not (self.num_envs % d or self.batch_size % d or self.buffer_capacity % d)]}")
         _check_host_fields(self, spec)
         _check_ray(self, spec)
         _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
@@ -329,9 +336,7 @@ class DQNConfig(_AgentConfig):
         shape = tuple(spec.observation_shape)
         frames = atari and len(shape) == 3 and str(spec.observation_space.dtype) == "uint8"
         object.__setattr__(self, "_frame_replay", frames)
-        if frames and self.num_learner_devices > 1:
-            raise ValueError(f"num_learner_devices={self.num_learner_devices}: the frame replay of envpool Atari games "
-                             "is not sharded over data-parallel learners yet; allowed: num_learner_devices=1")
+        _check_replay_layout(self, frames)
         if frames:
             writers = self.num_actors * self.num_envs
             need = writers * (shape[0] + self.n_step)
@@ -475,13 +480,16 @@ class DQNConfig(_AgentConfig):
             f"{self.buffer_capacity} transitions ({self._describe_replay()}); {target}; {explore}; chunks of "
             f"{self.iterations_per_chunk} iterations"
             + (f"; evaluation of {self.eval_episodes} greedy episodes after each chunk" if self.eval_episodes else "")
-            + ("; async runtime, schedule sync (one actor, lag 0, the Anakin iteration order)"
+            + ("; async runtime, schedule sync (one actor per learner group, lag 0, the Anakin iteration order)"
                if self.runtime == "async" and self.schedule == "sync" else
                f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
                "replay ratio held by the rate limiter, which also sets the exact env steps (the same to within "
                "its band)" if self.runtime == "async" else "; Anakin runtime")
             + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                if self.actor_backend == "ray" else "")
+            + (f"; {self.num_learner_groups} learner groups (replay of {self.buffer_capacity // self.num_learner_groups} "
+               f"transitions and {self.learning_iterations // self.num_learner_groups} learner blocks each), params "
+               f"averaged every {self.sync_every} blocks" if self.num_learner_groups > 1 else "")
             + (f"; {self.num_learner_devices} data-parallel learners, the replay sharded by env over them "
                f"({self.buffer_capacity // self.num_learner_devices} transitions and "
                f"{self.batch_size // self.num_learner_devices} samples per update each)"

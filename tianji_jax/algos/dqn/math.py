@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from tianji_jax.transition import Transition
+
 __all__ = [
     "NStepReturns",
     "Transition",
@@ -199,26 +201,6 @@ def gather_time(x: Any, index: jax.Array) -> Any:
         return leaf[index, jnp.arange(index.shape[1])[None, :]]
 
     return jax.tree.map(take, x)
-
-
-@struct.dataclass
-class Transition:
-    """An n-step transition as stored in replay (one item; batches add leading axes).
-
-    Attributes:
-        obs: observation pytree at the start step ``t`` (e.g. ``(*obs_shape)``).
-        action: int32 action taken at ``t``.
-        reward: float32 n-step discounted reward sum ``R_t^(k)``.
-        discount: float32 ``gamma^k`` or 0 if the episode terminated within the ``k`` steps.
-        next_obs: observation pytree to bootstrap from: the true successor of step ``t + k - 1``
-            (the true final observation where the episode was truncated).
-    """
-
-    obs: Any
-    action: jax.Array
-    reward: jax.Array
-    discount: jax.Array
-    next_obs: Any
 
 
 def n_step_transitions(
