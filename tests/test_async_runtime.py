@@ -170,6 +170,20 @@ def test_lost_publishes_stop_the_run_with_versions_named():
     assert time.perf_counter() - t0 < 5.0 + 5.0
 
 
+def test_a_first_update_slower_than_the_stall_timeout_is_compilation_not_a_stall():
+    """The first update (XLA compiles it) may outlast stall_timeout_s (COMPILE_ALLOWANCE_S); a
+    later one that does is a stall, reported by the waiting actor."""
+    slow = iter([2.0, 0.0, 0.0])
+    runner, logs, _ = fake_runner(actor_sleeps=[0.0], learner_sleep=lambda: next(slow, 0.0), num_updates=3,
+                                  schedule="sync", lag=0, stall=1.0)
+    assert runner.run(lambda *a: False) == 3 and logs[0][:3] == [0, 1, 2]
+    late = iter([0.0, 2.5])
+    runner, _, _ = fake_runner(actor_sleeps=[0.0], learner_sleep=lambda: next(late, 0.0), num_updates=3,
+                               schedule="sync", lag=0, stall=1.0)
+    with pytest.raises(StallError, match=r"actor 0 received no params of version >= 2 for 1 s"):
+        runner.run(lambda *a: False)
+
+
 def test_actor_exception_reaches_caller_with_traceback():
     def bad_actor(params, version):
         raise ZeroDivisionError("boom in actor")

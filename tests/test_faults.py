@@ -262,8 +262,8 @@ def test_ppo_params_lost_past_the_stall_timeout_stop_the_run_naming_the_actor_an
     stall, k = 2.25, 2
     config = tj.PPOConfig(**_ASYNC_PPO, schedule="sync", total_env_steps=4 * 32 * 8, stall_timeout_s=stall)
     # warm-up: one update compiles the rollout and the update (cached by compile_key, which ignores
-    # stall_timeout_s); the first update's compilation would otherwise count against the 2.25 s
-    # the actor waits for version 1
+    # stall_timeout_s), so the measured run is quick (the actor's wait for version 1 would have
+    # the compile allowance anyway: async_runtime.COMPILE_ALLOWANCE_S)
     warm = AsyncPPO(config.replace(stall_timeout_s=60.0))
     init = warm.learner_state.params  # version 0, the same as any new AsyncPPO of this config
     warm.runner.run(lambda *a: True)

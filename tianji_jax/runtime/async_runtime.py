@@ -35,9 +35,16 @@ from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
 from tianji_jax.rate_limiter import RateLimiter
 from tianji_jax.runtime.param_store import ParamStore
 
-__all__ = ["AsyncRunner", "StallError", "SCHEDULES", "Telemetry"]
+__all__ = ["AsyncRunner", "StallError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
 
 SCHEDULES = ("sync", "one_step", "relaxed")
+
+COMPILE_ALLOWANCE_S = 300.0
+"""Seconds added to ``stall_timeout_s`` for a wait on the other side's *first* result (the
+learner's first publication, a learner's first data), which includes XLA compiling that side's
+first update or rollout: on a loaded machine a compile can outlast any sensible stall timeout, and
+a stall is only declared against a side that has shown progress before (as the multi-host
+watchdog's first-update allowance)."""
 
 ActFn = Callable[[Any, int], "tuple[Any, int] | None"]
 """``act(params, version) -> (data, num_steps)``: one rollout with ``params`` (stamped ``version``);
@@ -159,6 +166,7 @@ class AsyncRunner:
         self.stores = [store if store is not None and g == 0 else ParamStore(initial_params, initial_version)
                        for g in range(num_groups)]
         self.store = self.stores[0]
+        self.updates_done = [0] * num_groups  # updates each group's learner finished in this process
         self.actors, self.learn = actors, learn
         self.num_updates, self.item_steps = int(num_updates), int(item_steps)
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
@@ -192,14 +200,21 @@ class AsyncRunner:
         """The learner group actor ``actor_id`` feeds (``actor_id % num_groups``)."""
         return actor_id % self.num_groups
 
+    def _stall_limit(self, started: bool) -> float:
+        """Seconds a wait may last before :class:`StallError`: ``stall_timeout_s``, plus
+        :data:`COMPILE_ALLOWANCE_S` while the other side has not ``started`` (its first result
+        includes its compilation)."""
+        return self.stall_timeout_s + (0.0 if started else COMPILE_ALLOWANCE_S)
+
     def _wait_params(self, actor_id: int, min_version: int, have: int) -> tuple[Any, int] | None:
+        store = self.stores[self.group_of(actor_id)]
+        limit = self._stall_limit(self.updates_done[self.group_of(actor_id)] > 0)  # the learner finished one
         with self.telemetry.span("actor_wait_s"):
-            got = self.stores[self.group_of(actor_id)].wait_for(min_version, self.stall_timeout_s, self.stop)
+            got = store.wait_for(min_version, limit, self.stop)
         if got is None and not self.stop.is_set():
             raise StallError(
-                f"actor {actor_id} received no params of version >= {min_version} for {self.stall_timeout_s:g} s; "
-                f"last published version {self.stores[self.group_of(actor_id)].version}, last seen by this actor "
-                f"{have}")
+                f"actor {actor_id} received no params of version >= {min_version} for {limit:g} s; "
+                f"last published version {store.version}, last seen by this actor {have}")
         return got
 
     def _insert(self, item: TrajectoryItem) -> bool:
@@ -273,28 +288,32 @@ class AsyncRunner:
         store, buffer = self.stores[group], self.buffers[group]
         version = store.version
         last_fresh = time.monotonic()
+        fed = False  # an item arrived (the actors' first rollouts, which compile, are done)
         while version < self.num_updates and not self.stop.is_set():
             with self.telemetry.span("learner_wait_s"):
                 item = buffer.get(version, 0.5, self.stop)
             if item is None:
                 self._check_stall(last_fresh, f"learner{f' group {group}' if self.num_groups > 1 else ''} received "
                                   f"no fresh data", f"last published version {version}, last consumed sample version "
-                                  f"{self.last_consumed_version}")
+                                  f"{self.last_consumed_version}", started=fed)
                 continue
-            last_fresh = time.monotonic()
+            last_fresh, fed = time.monotonic(), True
             self.last_consumed_version = item.version
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(item, version)
+            self.updates_done[group] += 1
             version += 1
             store.publish(params, version)
             self.events.put(("update", version, metrics, item, self.take_snapshot(), group))
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
 
-    def _check_stall(self, last_fresh: float, what: str, state: str) -> None:
+    def _check_stall(self, last_fresh: float, what: str, state: str, started: bool = True) -> None:
         """Raise :class:`StallError` ("``what`` for T s; ``state``") when nothing fresh arrived for
-        ``stall_timeout_s`` since ``last_fresh`` (``time.monotonic()``) and the run is not stopping."""
-        if not self.stop.is_set() and time.monotonic() - last_fresh > self.stall_timeout_s:
-            raise StallError(f"{what} for {self.stall_timeout_s:g} s; {state}")
+        :meth:`_stall_limit` seconds since ``last_fresh`` (``time.monotonic()``) and the run is not
+        stopping; ``started``: the other side delivered before (else the compile allowance applies)."""
+        limit = self._stall_limit(started)
+        if not self.stop.is_set() and time.monotonic() - last_fresh > limit:
+            raise StallError(f"{what} for {limit:g} s; {state}")
 
     def take_snapshot(self) -> dict[str, Any]:
         """Counters at this moment, taken in the learner thread right after a publication, so

@@ -95,12 +95,14 @@ class ReplayRunner(AsyncRunner):
         r = 0
         while not self.stop.is_set():
             with self.telemetry.span("actor_wait_s"), self._processed_cond:  # the learner done with chunk r - 1
-                deadline = time.monotonic() + self.stall_timeout_s
+                # the compile allowance until the group's first block (its first learn compiles)
+                limit = self._stall_limit(self.updates_done[group] > 0)
+                deadline = time.monotonic() + limit
                 while self._processed[group] < r:
                     if self.stop.is_set():
                         return
                     if time.monotonic() > deadline:
-                        raise StallError(f"actor {actor_id} waited {self.stall_timeout_s:g} s for the learner to "
+                        raise StallError(f"actor {actor_id} waited {limit:g} s for the learner to "
                                          f"process chunk {r - 1}; last published version "
                                          f"{self.stores[group].version}")
                     self._processed_cond.wait(0.1)
@@ -116,6 +118,7 @@ class ReplayRunner(AsyncRunner):
         """Publish ``group``'s params as ``version`` and queue its update event. The snapshot and
         the event are made under one lock, so :attr:`published` (blocks of all groups, counted in
         event order) and :attr:`publishing_group` are exact inside ``extra_snapshot``."""
+        self.updates_done[group] += 1
         self.stores[group].publish(params, version)
         with self._publish_lock:
             self.published += 1
@@ -129,13 +132,15 @@ class ReplayRunner(AsyncRunner):
         buffer = self.buffers[group]
         version = self.stores[group].version
         last_fresh = time.monotonic()
+        fed = False
         while version < self.num_updates and not self.stop.is_set():
             with self.telemetry.span("learner_wait_s"):
                 chunks, _ = buffer.take(version, None, 0.5, self.stop)
             if not chunks:
-                self._check_stall(last_fresh, "learner received no transitions", f"last published version {version}")
+                self._check_stall(last_fresh, "learner received no transitions", f"last published version {version}",
+                                  started=fed)
                 continue
-            last_fresh = time.monotonic()
+            last_fresh, fed = time.monotonic(), True
             for chunk in chunks:
                 with self.telemetry.span("learner_busy_s"):
                     self.insert([chunk], group)
@@ -155,16 +160,17 @@ class ReplayRunner(AsyncRunner):
         buffer = self.buffers[group]
         version = self.stores[group].version
         last_fresh = time.monotonic()
+        fed = False
         while version < self.num_updates and not self.stop.is_set():
             with self.telemetry.span("learner_wait_s"):
                 chunks, can_learn = buffer.take(version, self.block_samples, 0.5, self.stop)
             if chunks:
                 with self.telemetry.span("learner_busy_s"):
                     self.insert(chunks, group)
-                last_fresh = time.monotonic()
+                last_fresh, fed = time.monotonic(), True
             if not can_learn:
                 self._check_stall(last_fresh, "learner received no transitions and could not sample",
-                                  f"last published version {version}")
+                                  f"last published version {version}", started=fed)
                 continue
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(group, version)

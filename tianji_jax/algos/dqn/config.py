@@ -154,7 +154,8 @@ class DQNConfig(_AgentConfig):
     num_actors: int = 1
     """Async: actor threads, each with its own num_envs envs."""
     stall_timeout_s: float = 60.0
-    """Async: stop with an error when the learner gets no fresh data this long."""
+    """Async: stop with an error when the learner gets no fresh data this long (seconds; 300 s more
+    until the other side's first result, which includes its compilation)."""
     max_nonfinite_updates: int = 5
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""

@@ -109,7 +109,8 @@ class PPOConfig(_AgentConfig):
     queue_batches: int = 2
     """Trajectories that may wait between actors and learner (>= 2: the rate limiter's deadlock rule)."""
     stall_timeout_s: float = 60.0
-    """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long."""
+    """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long
+    (seconds; 300 s more until the other side's first result, which includes its compilation)."""
     max_nonfinite_updates: int = 5
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
