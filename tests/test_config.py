@@ -436,3 +436,29 @@ def test_async_only_fields_are_refused_under_anakin(field, value):
 
         with pytest.raises(ValueError, match=rf"{field}={value!r} only applies to runtime='async'"):
             DQNConfig(env="gymnax:CartPole-v1", **{field: value})
+
+
+@pytest.mark.parametrize("cls", ["ppo", "dqn"])
+def test_compile_keys_are_derived_from_the_field_groups(cls):
+    """Every field of the run / tianji / layout groups is reset by the compile key, every other
+    field enters it; the async-only check covers exactly the tianji group."""
+    from tianji_jax.config_base import FIELD_GROUPS, fields_in, not_compiled
+    from tianji_jax.runtime.anakin import compile_key
+    from tianji_jax.runtime.dqn_anakin import dqn_compile_key
+
+    from tianji_jax import DQNConfig
+
+    cls, key = (PPOConfig, compile_key) if cls == "ppo" else (DQNConfig, dqn_compile_key)
+    config = cls()
+    grouped = fields_in(config, *FIELD_GROUPS)
+    assert set(not_compiled(config)) == set(grouped)
+    assert {"seed", "stop_at_return", "schedule", "num_actors", "stall_timeout_s", "actor_backend",
+            "num_learner_devices", "num_learner_groups"} <= set(grouped)
+    assert not {"env", "total_env_steps", "learning_rate", "gamma", "hidden_sizes", "num_envs"} & set(grouped)
+    changed = config.replace(seed=7, stop_at_return=100.0, max_nonfinite_updates=9, runtime="async", num_actors=2,
+                             schedule="relaxed", stall_timeout_s=5.0)
+    assert key(changed) == key(config)
+    assert key(config.replace(learning_rate=1e-3)) != key(config)
+    with pytest.raises(ValueError, match="only applies to runtime='async'"):
+        cls(stall_timeout_s=5.0)
+    assert fields_in(config, "tianji")[0] in ("schedule", "max_policy_lag")

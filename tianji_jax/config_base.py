@@ -13,6 +13,47 @@ from typing import Any, Self
 
 _ACTIVATIONS = ("tanh", "relu")
 
+FIELD_GROUPS = {
+    "run": "settings of the run that never enter compiled code (seed, early stop, the non-finite stop rule)",
+    "tianji": "the async (TianJi) runtime: schedule, lag bound, actors, queue, stall timeout; async only",
+    "layout": "where things run: host env batching, learner devices and groups, processes, Ray actors",
+}
+"""Field groups a config field may declare (``run(default)``, ``tianji(default)``,
+``layout(default)``). Fields of these groups never change the compiled math, so a compile key is
+the config with all of them at their defaults (:func:`not_compiled`); ``tianji`` fields keep
+their defaults under ``runtime='anakin'``. Fields without a group (the algorithm's
+hyper-parameters, the env, the budget and evaluation cadence) enter the compile key."""
+
+
+def _group(name: str, default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"group": name})
+
+
+def run(default: Any) -> Any:
+    """A dataclass field of the ``run`` group (see :data:`FIELD_GROUPS`) with ``default``."""
+    return _group("run", default)
+
+
+def tianji(default: Any) -> Any:
+    """A dataclass field of the ``tianji`` group (see :data:`FIELD_GROUPS`) with ``default``."""
+    return _group("tianji", default)
+
+
+def layout(default: Any) -> Any:
+    """A dataclass field of the ``layout`` group (see :data:`FIELD_GROUPS`) with ``default``."""
+    return _group("layout", default)
+
+
+def fields_in(config: Any, *groups: str) -> tuple[str, ...]:
+    """Names of ``config``'s fields in any of ``groups``, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(config) if f.metadata.get("group") in groups)
+
+
+def not_compiled(config: Any) -> dict[str, Any]:
+    """``{name: default}`` of every field in a group of :data:`FIELD_GROUPS`: what a compile key
+    resets (``config.replace(**not_compiled(config))``)."""
+    return {f.name: f.default for f in dataclasses.fields(config) if f.metadata.get("group") in FIELD_GROUPS}
+
 
 def _plain_numbers(config: Any) -> None:
     """Replace numpy scalars in ``config``'s fields by Python ints/floats/bools (so ``np.int64(8)``

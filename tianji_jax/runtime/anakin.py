@@ -18,6 +18,7 @@ from flax import struct
 from tianji_jax.caches import register
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.config import PPOConfig
+from tianji_jax.config_base import not_compiled
 from tianji_jax.runtime.ppo_parts import ActorState, LearnerState, PPOParts, make_network
 
 __all__ = ["PPOTrainState", "PPOAnakin", "make_train", "make_network"]
@@ -106,9 +107,10 @@ _CACHE_LOCK = threading.Lock()
 
 
 def compile_key(config: PPOConfig) -> PPOConfig:
-    """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``)
-    (and the async-only fields) set to their defaults: equal keys share compiled functions. With
-    learner groups the key is one group's learner (``updates_per_group`` updates)."""
+    """``config`` with the fields that do not change compiled code (the ``run``, ``tianji`` and
+    ``layout`` field groups: :func:`~tianji_jax.config_base.not_compiled`) set to their defaults:
+    equal keys share compiled functions. With learner groups or several processes the key is one
+    group's / the global learner's (``total_env_steps`` of its own updates)."""
     runtime = "async" if config.env_spec.on_host else "anakin"  # host envs exist only in async
     multi = {}
     if config.num_processes > 1:  # keep num_updates (learning-rate annealing) of the global batch
@@ -118,10 +120,7 @@ def compile_key(config: PPOConfig) -> PPOConfig:
     if config.num_learner_groups > 1:  # each group anneals its learning rate over its own updates
         multi = dict(total_env_steps=config.updates_per_group * config.batch_size,
                      eval_every_env_steps=config.updates_per_chunk * config.batch_size)
-    return config.replace(seed=0, stop_at_return=None, runtime=runtime, schedule="relaxed", max_policy_lag=None,
-                          num_actors=1, queue_batches=2, stall_timeout_s=60.0, env_batch_size=None,
-                          num_learner_devices=1, actor_backend="threads", ray_address=None,
-                          ray_max_restarts=3, num_learner_groups=1, sync_every=1, max_nonfinite_updates=5, **multi)
+    return config.replace(runtime=runtime, **{**not_compiled(config), **multi})
 
 
 def make_train(config: PPOConfig, updates_per_chunk: int | None = None) -> PPOAnakin:

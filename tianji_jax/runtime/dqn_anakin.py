@@ -20,6 +20,7 @@ from flax import struct
 from tianji_jax.caches import register
 from tianji_jax import replay
 from tianji_jax.config import DQNConfig
+from tianji_jax.config_base import not_compiled
 from tianji_jax.runtime.dqn_parts import DQNActorState, DQNLearnerState, DQNParts
 
 __all__ = ["DQNTrainState", "DQNAnakin", "make_dqn_train", "dqn_compile_key"]
@@ -147,15 +148,13 @@ _CACHE_LOCK = threading.Lock()
 
 
 def dqn_compile_key(config: DQNConfig) -> DQNConfig:
-    """``config`` with the fields that do not change compiled code (``seed``, ``stop_at_return``,
-    the async-only fields) set to their defaults: equal keys share compiled functions. Host envs
+    """``config`` with the fields that do not change compiled code (the ``run``, ``tianji`` and
+    ``layout`` field groups: :func:`~tianji_jax.config_base.not_compiled`) set to their defaults:
+    equal keys share compiled functions. Host envs
     keep ``runtime='async'`` (the only runtime they allow). Per-actor epsilons are passed to the
     compiled rollout by async actors, so ``num_actors`` does not enter the key."""
     runtime = "async" if config.env_spec.on_host else "anakin"
-    return config.replace(seed=0, stop_at_return=None, runtime=runtime, max_policy_lag=4, num_actors=1,
-                          stall_timeout_s=60.0, env_batch_size=None, schedule="relaxed",
-                          max_nonfinite_updates=5, actor_backend="threads", ray_address=None, ray_max_restarts=3,
-                          num_learner_devices=1, num_learner_groups=1, sync_every=1)
+    return config.replace(runtime=runtime, **not_compiled(config))
 
 
 def make_dqn_train(config: DQNConfig, iterations_per_chunk: int | None = None) -> DQNAnakin:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
-                                    _plain_numbers, _torso_text)
+                                    _plain_numbers, _torso_text, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray, _check_replay_layout
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
@@ -73,7 +73,7 @@ class DQNConfig(_AgentConfig):
     """Environment with a Discrete action space: ``"gymnax:<id>"`` (or a bare gymnax id),
     ``"envpool:<id>"`` or ``"gymnasium:<id>"`` (host envs, runtime='async' only), or a gymnax-style
     environment object (see PPOConfig.env)."""
-    seed: int = 0
+    seed: int = run(0)
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000
     """Training budget in env steps (rounded down to a whole number of iterations)."""
@@ -138,47 +138,47 @@ class DQNConfig(_AgentConfig):
     """Evaluate every this many env steps (rounded to whole iterations); also the logging interval."""
     eval_episodes: int = 10
     """Episodes per evaluation with the greedy policy; 0 disables evaluation."""
-    stop_at_return: float | None = None
+    stop_at_return: float | None = run(None)
     """Stop early once ``eval_return_mean`` reaches this value (needs ``eval_episodes > 0``)."""
     runtime: Literal["anakin", "async"] = "anakin"
     """'anakin': acting and learning fused on one device; 'async': actor threads on one device
     feed the learner's replay buffer on another through a rate limiter (TianJi mode)."""
-    max_policy_lag: int = 4
+    max_policy_lag: int = tianji(4)
     """Async: the lag gate at insert: a rollout acted with params more than this many versions
     behind the learner when it reaches the replay buffer is dropped (design.md section 4.2)."""
-    schedule: Literal["sync", "relaxed"] = "relaxed"
+    schedule: Literal["sync", "relaxed"] = tianji("relaxed")
     """Async: 'relaxed' (actors act with the newest params whenever the rate limiter admits a
     chunk; the TianJi mode) or 'sync' (one actor; chunk k is acted with the params published after
     the learner processed chunk k-1, exactly as an Anakin iteration: lag 0, bit-reproducible;
     max_policy_lag is then unused)."""
-    num_actors: int = 1
+    num_actors: int = tianji(1)
     """Async: actor threads, each with its own num_envs envs."""
-    stall_timeout_s: float = 60.0
+    stall_timeout_s: float = tianji(60.0)
     """Async: stop with an error when the learner gets no fresh data this long (seconds; 300 s more
     until the other side's first result, which includes its compilation)."""
-    max_nonfinite_updates: int = 5
+    max_nonfinite_updates: int = run(5)
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
-    actor_backend: Literal["threads", "ray"] = "threads"
+    actor_backend: Literal["threads", "ray"] = layout("threads")
     """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
     actor processes on Ray Core (any node of a Ray cluster), each with its own num_envs envs and a
     CPU copy of the Q-network, building its n-step transitions (or Atari frame chunks) itself and
     feeding this learner's replay through the same lag gate at insert and rate limiter (needs
     ``pip install tianji-jax[ray]``). The linear epsilon schedule reads the run's env steps as of
     each chunk's request."""
-    ray_address: str | None = None
+    ray_address: str | None = layout(None)
     """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
     process's Ray connection or starts a private local instance on 127.0.0.1."""
-    ray_max_restarts: int = 3
+    ray_max_restarts: int = layout(3)
     """actor_backend='ray': times Ray restarts each dead actor (its lost chunk is counted in
     ``lost_chunks``); one more death stops the run with an error."""
-    num_learner_devices: int = 1
+    num_learner_devices: int = layout(1)
     """Async: data-parallel learner replicas L (the last L devices; the actors keep the first). The
     replay is sharded by env over them (each holds buffer_capacity / L transitions of num_envs / L
     env columns of every actor, with its own priorities); every gradient update each replica
     samples batch_size / L items from its shard and the gradients are averaged. L must divide
     num_envs, batch_size and buffer_capacity. Not with frame replay (envpool Atari) yet."""
-    num_learner_groups: int = 1
+    num_learner_groups: int = layout(1)
     """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
     device with its own replay of buffer_capacity / G transitions, rate limiter, optimizer state
     and policy version, fed by num_actors / G of the actors (actor i feeds group i % G and acts
@@ -186,10 +186,10 @@ class DQNConfig(_AgentConfig):
     steps, and every sync_every blocks of their own the groups average their online and target
     params. The run's learner blocks (learning_iterations) are split evenly over the groups. Not
     combined with num_learner_devices > 1, frame replay (Atari), Ray actors or resume yet."""
-    sync_every: int = 1
+    sync_every: int = layout(1)
     """Learner groups: each group's learner blocks between param averagings (and always at its
     last block). Needs ``num_learner_groups > 1``."""
-    env_batch_size: int | None = None
+    env_batch_size: int | None = layout(None)
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
     episodic_life: bool = True
@@ -323,7 +323,7 @@ class DQNConfig(_AgentConfig):
         capabilities.check("dqn", self, spec.backend)  # the (runtime, actors, learners, env) cell
         _check_host_fields(self, spec)
         _check_ray(self, spec)
-        _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "stall_timeout_s"))
+        _check_async_only(self, fields_in(self, "tianji"))
         object.__setattr__(self, "_env_spec", spec)
         for name in ("episodic_life", "reward_clip"):
             _check_bool(name, getattr(self, name))

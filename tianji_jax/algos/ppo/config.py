@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
-                                    _plain_numbers, _torso_text)
+                                    _plain_numbers, _torso_text, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
                                       _check_ray)
@@ -45,7 +45,7 @@ class PPOConfig(_AgentConfig):
     ``"gymnasium:<id>"`` (host envs, async runtime only), or a gymnax-style environment object
     with ``reset(key, params)``, ``step(key, state, action, params)``, ``default_params``,
     ``observation_space(params)`` and ``action_space(params)``."""
-    seed: int = 0
+    seed: int = run(0)
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000
     """Training budget in env steps (rounded down to a whole number of updates)."""
@@ -93,35 +93,35 @@ class PPOConfig(_AgentConfig):
     """Evaluate every this many env steps (rounded to whole updates); also the logging interval."""
     eval_episodes: int = 10
     """Episodes per evaluation with the deterministic policy; 0 disables evaluation."""
-    stop_at_return: float | None = None
+    stop_at_return: float | None = run(None)
     """Stop early once ``eval_return_mean`` reaches this value (needs ``eval_episodes > 0``)."""
     runtime: Literal["anakin", "async"] = "anakin"
     """'anakin': acting and learning fused on one device; 'async': actor threads and a learner on
     different devices, decoupled through the lag-bounded trajectory queue (TianJi mode)."""
-    schedule: Literal["sync", "one_step", "relaxed"] = "relaxed"
+    schedule: Literal["sync", "one_step", "relaxed"] = tianji("relaxed")
     """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
     'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag)."""
-    max_policy_lag: int | None = None
+    max_policy_lag: int | None = tianji(None)
     """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed).
     With admission control the queue also caps it: one actor sees lag <= min(K, queue_batches)."""
-    num_actors: int = 1
+    num_actors: int = tianji(1)
     """Async actor threads, each with its own num_envs envs ('sync'/'one_step' need 1)."""
-    queue_batches: int = 2
+    queue_batches: int = tianji(2)
     """Trajectories that may wait between actors and learner (>= 2: the rate limiter's deadlock rule)."""
-    stall_timeout_s: float = 60.0
+    stall_timeout_s: float = tianji(60.0)
     """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long
     (seconds; 300 s more until the other side's first result, which includes its compilation)."""
-    max_nonfinite_updates: int = 5
+    max_nonfinite_updates: int = run(5)
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
-    env_batch_size: int | None = None
+    env_batch_size: int | None = layout(None)
     """envpool only: envs per received batch; below ``num_envs`` envpool runs in async mode (the
     actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
-    num_learner_devices: int = 1
+    num_learner_devices: int = layout(1)
     """Async: data-parallel learner replicas (the last ``num_learner_devices`` devices; the actors
     keep the first). Each replica gets ``num_envs / num_learner_devices`` env columns of every
     trajectory; gradients are averaged, advantage statistics are global."""
-    num_learner_groups: int = 1
+    num_learner_groups: int = layout(1)
     """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
     device with its own optimizer state, policy version and lag-bounded queue, fed by
     ``num_actors / G`` of the actors (actor i feeds group i % G, and acts with that group's
@@ -130,29 +130,29 @@ class PPOConfig(_AgentConfig):
     all groups' updates (each group runs ``num_updates / G`` with its own learning-rate
     schedule). Not combined with ``num_learner_devices > 1`` (per-step gradient averaging inside
     a group), multi-host runs, Ray actors or resume yet."""
-    sync_every: int = 1
+    sync_every: int = layout(1)
     """Learner groups: each group's updates between param averagings (and always at its last
     update, so a run ends with one set of params). Needs ``num_learner_groups > 1``."""
-    num_processes: int = 1
+    num_processes: int = layout(1)
     """Async, multi-host (jax.distributed): processes in the job. Each runs this config's actors and
     contributes one trajectory of num_envs x num_steps steps to every global update (global batch
     num_processes x num_envs x num_steps; total_env_steps counts all processes' steps)."""
-    process_id: int = 0
+    process_id: int = layout(0)
     """This process's index in 0..num_processes-1 (SLURM: $SLURM_PROCID)."""
-    coordinator: str | None = None
+    coordinator: str | None = layout(None)
     """'HOST:PORT' of process 0's coordination service (needed when num_processes > 1)."""
-    heartbeat_timeout_s: int = 60
+    heartbeat_timeout_s: int = layout(60)
     """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
     a collective update that makes no progress for this long + 30 s also ends the process."""
-    actor_backend: Literal["threads", "ray"] = "threads"
+    actor_backend: Literal["threads", "ray"] = layout("threads")
     """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
     actor processes on Ray Core (any node of a Ray cluster; TianJi's actor/learner role split),
     each with its own num_envs envs and a CPU policy copy, feeding this learner through the same
     admission, lag gate and rate limiter (needs ``pip install tianji-jax[ray]``)."""
-    ray_address: str | None = None
+    ray_address: str | None = layout(None)
     """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
     process's Ray connection or starts a private local instance on 127.0.0.1."""
-    ray_max_restarts: int = 3
+    ray_max_restarts: int = layout(3)
     """actor_backend='ray': times Ray restarts each dead actor (its lost rollout is counted in
     ``lost_chunks``); one more death stops the run with an error."""
 
@@ -243,7 +243,7 @@ class PPOConfig(_AgentConfig):
         _check_distributed(self)
         _check_ray(self, spec)
         _check_learner_groups(self)
-        _check_async_only(self, ("schedule", "max_policy_lag", "num_actors", "queue_batches", "stall_timeout_s"))
+        _check_async_only(self, fields_in(self, "tianji"))
         object.__setattr__(self, "_env_spec", spec)
 
     # ---- derived quantities -------------------------------------------------------------------
