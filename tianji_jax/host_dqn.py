@@ -148,21 +148,9 @@ def run_async_dqn(config: DQNConfig, files: RunFiles, emit: Callable[..., bool],
         return snap
 
     runner.extra_snapshot = extra
-    pending: list[dict] = []
-    last = runner.take_snapshot()
-    stopped = [False]
-    blocks = [runner.start_version]  # learner blocks of all groups (= the version without groups)
 
-    def on_update(_version: int, metrics: dict, _item: Any) -> bool:
-        pending.append(metrics)
-        blocks[0] += 1
-        version = blocks[0]
-        if version % every and version != total:
-            return False
-        m = {k: np.asarray([p[k] for p in pending]) for k in pending[0]}
-        pending.clear()
-        snap = runner.snapshot  # counters taken by the learner thread right after this block
-        dt = max(snap["time"] - last["time"], 1e-9)
+    def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:
+        m = {k: np.asarray([p[k] for _, p, _ in pending]) for k in pending[0][1]}
         inserted, sampled = snap["inserted"], snap["sampled"]
         count = int(m["episode_count"].sum())
         after = max(1, inserted - config.learning_starts)
@@ -179,23 +167,14 @@ def run_async_dqn(config: DQNConfig, files: RunFiles, emit: Callable[..., bool],
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
             **host_loop.async_columns(config, snap, last, dt, dqn.timers),
         }
-        last.clear()
-        last.update(snap)
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
-        stopped[0] = emit(row, learner.params, None, m["nonfinite_skips"])
         actors = snap["cut"]["actors"]
         state = DQNTrainState(stack_actors(actors), learner, replay_copy)
-        files.maybe_save(state, inserted, {"stopped_early": stopped[0], "async_counters": snap["cut"]["counters"],
-                                           "learner_groups": config.num_learner_groups,
-                                           "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
-                                           "has_actor": state.actor is not None},
-                         finished=stopped[0] or version == total)
-        if callback is not None:  # after the checkpoint, as in the other loops
-            callback(dict(row))
-        return stopped[0]
+        meta = {"async_counters": snap["cut"]["counters"], "learner_groups": config.num_learner_groups,
+                "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
+                "has_actor": state.actor is not None}
+        return host_loop.AsyncRow(row, learner.params, None, m["nonfinite_skips"], state, inserted, meta)
 
-    try:
-        runner.run(on_update)  # the threads have stopped: the learner's states are safe to read
-    finally:
-        dqn.close()
-    return DQNTrainState(dqn.consumed_actor_states[0], dqn.learner_state, dqn.replay_state), stopped[0]
+    stopped = host_loop.run_async(runner, files, emit, callback, every=every, total=total, make_row=make_row,
+                                  close=dqn.close)
+    return DQNTrainState(dqn.consumed_actor_states[0], dqn.learner_state, dqn.replay_state), stopped

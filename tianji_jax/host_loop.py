@@ -1,15 +1,16 @@
 """The host loop shared by every algorithm and runtime: how a metrics row reaches the run
 (:func:`make_emit`: evaluation, logging, progress, non-finite monitor, early stop), the Anakin loop
-over compiled chunks (:func:`run_anakin`), the end of a run (:func:`finish`), the async runtime's
-columns (:func:`async_columns`) and resume argument (:func:`async_restore`). The algorithms' own
-pieces (row builders, async host loops) are in :mod:`tianji_jax.host_ppo` and
-:mod:`tianji_jax.host_dqn`."""
+over compiled chunks (:func:`run_anakin`), the async runtime's loop (:func:`run_async`), the end
+of a run (:func:`finish`), the async runtime's columns (:func:`async_columns`) and resume argument
+(:func:`async_restore`). The algorithms' own pieces (row builders, what a row checkpoints) are in
+:mod:`tianji_jax.host_ppo` and :mod:`tianji_jax.host_dqn`."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -26,7 +27,7 @@ from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["mean_or_nan", "make_display", "make_emit", "run_anakin", "finish", "save_params", "async_columns",
-           "async_restore"]
+           "async_restore", "AsyncRow", "run_async"]
 
 
 def mean_or_nan(total: float, count: int) -> float:
@@ -153,6 +154,75 @@ def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: flo
         "queue_depth": snap["depth"],
         **{k: snap[k] - last[k] for k in timers},
     }
+
+
+@dataclass(frozen=True)
+class AsyncRow:
+    """What an algorithm makes of the updates behind one async metrics row (see :func:`run_async`).
+
+    Attributes:
+        row: the metrics row (``METRIC_COLUMNS`` keys; evaluation columns NaN, filled by ``emit``).
+        params, obs_rms: what evaluation acts with (``obs_rms`` None without normalisation).
+        skips: per-update ``nonfinite_skips`` of the row's updates (the non-finite monitor).
+        state: the train state to checkpoint (host or device arrays).
+        env_steps: the checkpoint's env-step count.
+        meta: extra checkpoint metadata (the cut's counters, actor layout, ...).
+    """
+
+    row: dict
+    params: Any
+    obs_rms: Any
+    skips: np.ndarray
+    state: Any
+    env_steps: int
+    meta: dict
+
+
+def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback: Callable | None, *, every: int,
+              total: int, make_row: Callable[[list, dict, dict, float, int], AsyncRow],
+              close: Callable[[], None]) -> bool:
+    """The async runtime's host loop, for every algorithm: run ``runner`` (an
+    :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) and, after every ``every``-th update of
+    all learner groups together (and the ``total``-th), build a row, evaluate / log / check it
+    (``emit``), checkpoint, then call ``callback(row)``; ``close()`` runs when the threads have
+    stopped, whatever happened. Returns whether the run stopped early (``emit`` said so).
+
+    ``make_row(pending, snap, last, dt, n)``: ``pending`` the row's updates as ``(version,
+    metrics, item)`` in arrival order, ``snap`` / ``last`` the runner's counter snapshots of this
+    update and of the previous row (``dt`` seconds apart), ``n`` the updates so far; returns an
+    :class:`AsyncRow`.
+
+    Raises:
+        whatever a runtime thread or ``make_row`` raised (the threads are stopped first).
+    """
+    pending: list = []
+    last = runner.take_snapshot()
+    stopped = [False]
+    count = [runner.start_version]  # updates of all learner groups (= the version without groups)
+
+    def on_update(version: int, metrics: Any, item: Any) -> bool:
+        pending.append((version, metrics, item))
+        count[0] += 1
+        n = count[0]
+        if n % every and n != total:
+            return False
+        snap = runner.snapshot  # counters taken by the learner thread right after this update
+        out = make_row(list(pending), snap, dict(last), max(snap["time"] - last["time"], 1e-9), n)
+        pending.clear()
+        last.clear()
+        last.update(snap)
+        stopped[0] = bool(emit(out.row, out.params, out.obs_rms, out.skips))
+        files.maybe_save(out.state, out.env_steps, {"stopped_early": stopped[0], **out.meta},
+                         finished=stopped[0] or n >= total)
+        if callback is not None:  # after the checkpoint, as in the Anakin loop
+            callback(dict(out.row))
+        return stopped[0]
+
+    try:
+        runner.run(on_update)  # the threads have stopped when it returns or raises
+    finally:
+        close()
+    return stopped[0]
 
 
 def async_restore(restored: Any) -> dict | None:

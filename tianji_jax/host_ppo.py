@@ -130,62 +130,38 @@ def run_async_ppo(config: PPOConfig, files: RunFiles, emit: Callable[..., bool],
                 "learner_states": list(ppo.learner_states), "cut": cut}
 
     runner.extra_snapshot = extra
-    pending: list[Any] = []
-    last = runner.take_snapshot()
-    stopped = [False]
-    updates = [runner.start_version]  # all learner groups' updates (= the version without groups)
 
-    def on_update(version: int, metrics: Any, item: Any) -> bool:
-        pending.append((runner.group_of(item.actor_id), version, metrics))
-        updates[0] += 1
-        version = updates[0]
-        if version % config.updates_per_chunk and version != config.num_updates:
-            return False
+    def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:
         # learner groups' metrics live on different devices: stack them on the host, in (group,
         # version) order whatever order the groups' updates arrived in (the row's means then sum in
         # one order)
-        ordered = [host_metrics(p) for _, _, p in sorted(pending, key=lambda e: e[:2])]
-        m = jax.tree.map(lambda *xs: np.stack(xs), *ordered)
-        pending.clear()
-        snap = runner.snapshot  # counters taken by the learner thread right after this update
-        dt = max(snap["time"] - last["time"], 1e-9)
+        keyed = sorted(((runner.group_of(it.actor_id), v, p) for v, p, it in pending), key=lambda e: e[:2])
+        m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for _, _, p in keyed])
         row = ppo_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
         row.update(host_loop.async_columns(config, snap, last, dt, ppo.timers))
-        row.update({
-            "consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
-            "reuse": float(config.update_epochs),
-        })
-        last.clear()
-        last.update(snap)
+        row.update({"consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
+                    "reuse": float(config.update_epochs)})
         # exactly the version just published, whatever the learner does meanwhile; with learner
         # groups the publishing group's (actor g is its first actor: its params and obs_rms match)
-        group = runner.group_of(item.actor_id)
+        group = runner.group_of(pending[-1][2].actor_id)
         state_v = snap["learner_states"][group]
         learner = _distributed_local(config, state_v) if ppo.multi else state_v
         actors = snap["cut"]["actors"]  # the actors as this version's learner had consumed them
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
         obs_rms = (jax.device_put(actors[group].obs_rms, ppo.eval_sharding if group == 0 else ppo.group_devices[group])
                    if actors[0] is not None else None)
-        stop = emit(row, learner.params, obs_rms, m["nonfinite_skips"])
         saved = PPOTrainState(stack_actors(actors), learner)
-        files.maybe_save(jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
-                         {"stopped_early": stop, "has_actor": actors[0] is not None,
-                          "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
-                          "async_counters": snap["cut"]["counters"], "learner_group": group},
-                         finished=stop or version >= config.num_updates)
-        if callback is not None:
-            callback(dict(row))
-        if stop:
-            stopped[0] = True
-            return True
-        return False
+        meta = {"has_actor": actors[0] is not None,
+                "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
+                "async_counters": snap["cut"]["counters"], "learner_group": group}
+        return host_loop.AsyncRow(row, learner.params, obs_rms, m["nonfinite_skips"],
+                                  jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
+                                  meta)
 
-    try:
-        runner.run(on_update)
-    finally:
-        ppo.close()
+    stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
+                                  total=config.num_updates, make_row=make_row, close=ppo.close)
     # the threads have stopped; actor 0 as the final learner version consumed it
-    return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped[0]
+    return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped
 
 
 def _distributed_local(config: PPOConfig, state: Any) -> Any:
