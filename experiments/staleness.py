@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 2)  # actor on cpu:0, learner on cpu:1 (design.md section 3)
+jax.config.update("jax_num_cpu_devices", 2)  # actor on cpu:0, learner on cpu:1 (docs/runtime.md, "Placement")
 
 import numpy as np  # noqa: E402
 

@@ -206,3 +206,36 @@ def test_end_to_end_run_directory(tmp_path):
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in leaves)
     shapes = {tuple(np.shape(leaf)) for leaf in leaves}
     assert (4, 64) in shapes  # first layer: CartPole obs (4,) -> 64 hidden units
+
+
+def test_cpu_devices_follow_the_flags_whole_floats_and_a_resumed_run(tmp_path, monkeypatch):
+    """The CLI sizes the CPU platform from --num-learner-devices x --num-learner-groups + 1 (also
+    written 2.0), and on --resume from the run's config.json, so a resumed data-parallel run gets
+    its learners off the actors' device again."""
+    import json
+
+    import jax
+
+    from tianji_jax import cli
+
+    asked: list = []
+    monkeypatch.setattr(jax.config, "update", lambda name, value: asked.append((name, value)))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"num_learner_devices": 2, "num_learner_groups": 1}))
+    for argv, want in [(["train", "--num-learner-devices", "2.0"], 3),
+                       (["train", "--num-learner-groups=3"], 4),
+                       (["train", "--resume", str(tmp_path)], 3),
+                       (["train", "--resume", str(tmp_path), "--num-learner-devices", "1"], 2),
+                       (["train", "--num-learner-devices", "two"], 2)]:
+        asked.clear()
+        cli._two_cpu_devices(argv)
+        assert asked == [("jax_num_cpu_devices", want)], argv
+
+
+def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(capsys):
+    from tianji_jax.cli import main
+
+    assert main(["train", "--algo", "dqn", "--num-processes", "2", "--coordinator", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tianji train: error: --num-processes: --algo dqn has no multi-host learners yet (the README's "
+                   "capability table); allowed: leave --num-processes out (one process)"]

@@ -106,6 +106,10 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     msg = interrupt_message(rows, resumable=True)
     assert "cannot be resumed" in msg and "new directory" in msg and "--resume" not in msg
     assert f"tianji train --resume {ckpt}" in interrupt_message(ckpt, resumable=True)
+    # a run that cannot be resumed (learner groups, several processes) says what it really kept
+    msg = interrupt_message(rows, resumable=False)
+    assert "keeps 1 metrics row(s);" in msg and "checkpoint" not in msg.split(";")[0]
+    assert "nothing yet (no metrics row, no checkpoint)" in interrupt_message(empty, resumable=False)
 
 
 def test_a_directory_of_the_users_own_files_is_never_overwritten(tmp_path):

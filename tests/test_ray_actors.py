@@ -1,4 +1,4 @@
-"""Remote actor nodes on Ray Core (design.md section 7): a two-node ``ray.cluster_utils.Cluster`` on
+"""Remote actor nodes on Ray Core (docs/runtime.md, "Learner layouts"): a two-node ``ray.cluster_utils.Cluster`` on
 127.0.0.1 whose head node (the learner, this process) offers no CPUs, so both remote actors run on
 the second node. Every Ray wait has a timeout; the cluster is shut down and every child process this
 module started is killed by its pid in the fixture's ``finally``."""

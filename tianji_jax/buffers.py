@@ -1,5 +1,5 @@
 """Buffers between actors and learners, with the lag gate and the rate limiter in one place
-(design.md section 4): ``TrajectoryQueue``, the on-policy FIFO (gate at consumption, admission by
+(docs/runtime.md, "The lag contract"): ``TrajectoryQueue``, the on-policy FIFO (gate at consumption, admission by
 lag), and ``ReplayIngress``, the off-policy path into a learner-owned replay (gate at insert).
 Both share the actor side (:class:`_Inbox`: admit / put / counters)."""
 
@@ -160,7 +160,7 @@ class TrajectoryQueue(_Inbox):
     their steps leave the limiter's insert count. Accounting invariant, in env steps:
     ``produced == consumed + dropped + resident``.
 
-    Admission control (design.md section 4): :meth:`admit` lets an actor *start* a rollout only if
+    Admission control (docs/runtime.md, "The lag contract"): :meth:`admit` lets an actor *start* a rollout only if
     the rollout can still be consumed within ``K``. A rollout begun now with the newest version
     ``v`` is consumed after everything resident, everything already admitted and the update in
     flight (if any), each of which publishes one version, so its lag will be at most
@@ -237,7 +237,7 @@ class ReplayIngress(_Inbox):
     Actors :meth:`admit` (the limiter has room) and :meth:`put` chunks of transitions (device
     arrays on the learner's device); the learner :meth:`take` s them, inserts them into its replay
     state itself (so only the learner thread ever touches the device buffer), and learns when the
-    limiter allows a block. Off-policy the lag gate applies *at insert* (design.md section 4.2): a
+    limiter allows a block. Off-policy the lag gate applies *at insert* (docs/runtime.md, "The lag contract"): a
     chunk acted with params more than ``K`` versions behind the learner when the learner takes it
     is dropped and counted; sampling from replay is ungated (age bounded by capacity).
 

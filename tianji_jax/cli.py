@@ -160,6 +160,19 @@ def _multi_host(argv: list[str]) -> int | None:
     from tianji_jax.runtime import distributed as dist
 
     try:
+        if _flag_value(argv, "--num-processes", None) is not None:
+            import dataclasses
+
+            from tianji_jax.algos.registry import get_algorithm
+
+            algo = _algo_of(argv)
+            try:
+                names = {f.name for f in dataclasses.fields(get_algorithm(algo).config_cls)}
+            except ValueError:
+                names = {"num_processes"}  # an unknown --algo is reported by the parser
+            if "num_processes" not in names:
+                raise ValueError(f"--num-processes: --algo {algo} has no multi-host learners yet (the README's "
+                                 "capability table); allowed: leave --num-processes out (one process)")
         raw = {f: _flag_value(argv, f"--{f}", d) for f, d in
                (("num-processes", "1"), ("process-id", "0"), ("heartbeat-timeout-s", "60"), ("coordinator", None))}
         ints = {}
@@ -386,12 +399,30 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _learner_layout(argv: list[str]) -> tuple[str, str]:
+    """``(num_learner_devices, num_learner_groups)`` as strings: the flags' values, else (with
+    ``--resume DIR``) the resumed run's ``config.json``, else ``"1"``."""
+    import json
+    from pathlib import Path
+
+    saved: dict = {}
+    resume = _flag_value(argv, "--resume", None)
+    if resume is not None:
+        try:
+            saved = json.loads((Path(resume) / "config.json").read_text())
+        except (OSError, ValueError):
+            saved = {}  # a missing or bad run directory is reported by the resume itself
+    return tuple(_flag_value(argv, f"--{name.replace('_', '-')}", str(saved.get(name, 1)))  # type: ignore[return-value]
+                 for name in ("num_learner_devices", "num_learner_groups"))
+
+
 def _two_cpu_devices(argv: list[str] | None = None) -> None:
     """Give the CPU platform enough devices for async actors and learners to sit on different ones
-    (design.md section 3): 2, or ``--num-learner-devices L`` x ``--num-learner-groups G`` + 1
-    when that is more. Left alone when
-    ``XLA_FLAGS`` already sets ``--xla_force_host_platform_device_count`` (the user's choice), and
-    only possible before JAX's backend starts; otherwise left as is. Accelerators are unaffected."""
+    (docs/runtime.md, "Placement"): 2, or ``num_learner_devices L`` x ``num_learner_groups G`` + 1
+    when that is more (from the flags, whole floats such as ``2.0`` included, or from the run a
+    ``--resume`` continues). Left alone when ``XLA_FLAGS`` already sets
+    ``--xla_force_host_platform_device_count`` (the user's choice), and only possible before JAX's
+    backend starts; otherwise left as is. Accelerators are unaffected."""
     import os
 
     import jax
@@ -400,9 +431,10 @@ def _two_cpu_devices(argv: list[str] | None = None) -> None:
         return
     want = 2
     try:
-        want = max(2, int(_flag_value(argv or [], "--num-learner-devices", "1"))
-                   * int(_flag_value(argv or [], "--num-learner-groups", "1")) + 1)
-    except ValueError:
+        devices, groups = (float(v) for v in _learner_layout(argv or []))
+        if devices.is_integer() and groups.is_integer():
+            want = max(2, int(devices) * int(groups) + 1)
+    except (TypeError, ValueError):
         pass  # a bad value is reported by the config's validation
     try:
         jax.config.update("jax_num_cpu_devices", want)

@@ -62,6 +62,10 @@ def _check_ray(config: Any, spec: EnvSpec) -> None:
     if config.actor_backend == "threads":
         if config.ray_address is not None:
             raise ValueError(f"ray_address={config.ray_address!r} needs actor_backend='ray'")
+        default = {f.name: f.default for f in dataclasses.fields(config)}["ray_max_restarts"]
+        if config.ray_max_restarts != default:
+            raise ValueError(f"ray_max_restarts={config.ray_max_restarts} needs actor_backend='ray' (it is how often Ray "
+                             f"restarts a dead remote actor); allowed with actor_backend='threads': {default} (default)")
         return
     if config.ray_address is not None and (not isinstance(config.ray_address, str) or not config.ray_address):
         raise ValueError(f"ray_address must be None, 'auto' or 'HOST:PORT', got {config.ray_address!r}")

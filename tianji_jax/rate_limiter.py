@@ -7,7 +7,7 @@ counted), target ``spi``, ``min_size`` and bounds ``min_diff <= I*spi - S <= max
     can_insert(n) = I + n <= min_size or (I + n)*spi - S <= max_diff
 
 Whole batches of ``B`` items are sampled and chunks of ``c`` inserted, so the band must satisfy
-``max_diff - min_diff >= B + spi*c`` or both sides can block forever (design.md section 4); this is
+``max_diff - min_diff >= B + spi*c`` or both sides can block forever (docs/runtime.md, "The lag contract"); this is
 checked at construction. The limiter holds counters only; the buffer that owns it serialises
 access and does the condition waits.
 """

@@ -21,8 +21,8 @@ Layout and invariants (capacity ``C``, any ``C >= 1``, not only powers of two):
   buffer is full the oldest item is overwritten (circular FIFO);
 - the filled slots are always exactly ``[0, size)`` (writes start at slot 0 and ``size`` only
   stops growing at ``C``), so sampling draws only from slots that were written;
-- every slot carries ``policy_version`` (int32, the version the actor acted with, design.md
-  section 4.1) and ``insert_index`` (int32, the global insert counter of the item it holds);
+- every slot carries ``policy_version`` (int32, the version the actor acted with;
+  docs/runtime.md, "The lag contract") and ``insert_index`` (int32, the global insert counter of the item it holds);
   both are ``-1`` in slots never written;
 - ``priority`` holds ``p_i^alpha`` (``0`` in unwritten slots); new items get the largest
   ``p^alpha`` seen so far (``max_priority``, initially 1), as Schaul et al. 2016 (Algorithm 1).

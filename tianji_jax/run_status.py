@@ -76,8 +76,11 @@ def interrupt_message(run_dir: str | Path, resumable: bool) -> str:
     complete checkpoint yet), why, and what to do instead."""
     head = "tianji train: interrupted; "
     if not resumable:
-        return (head + f"{run_dir} keeps the metrics and checkpoints written so far (runs with several processes "
-                "or learner groups cannot be resumed yet)")
+        kept = ", ".join(([f"{metrics_rows(run_dir)} metrics row(s)"] if metrics_rows(run_dir) else [])
+                         + (["its checkpoints (for tianji eval / tianji_jax.load)"] if complete_checkpoints(run_dir)
+                            else [])) or "nothing yet (no metrics row, no checkpoint)"
+        return (head + f"{run_dir} keeps {kept}; runs with several processes or learner groups cannot be resumed "
+                "yet")
     if complete_checkpoints(run_dir):
         return (head + f"{run_dir} keeps the metrics and checkpoints written so far (continue the run with: "
                 f"tianji train --resume {run_dir})")

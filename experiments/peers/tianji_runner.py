@@ -34,7 +34,7 @@ spec = P.read_spec()
 
 import jax  # noqa: E402
 
-if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (design.md section 3)
+if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/runtime.md, "Placement")
     jax.config.update("jax_num_cpu_devices", 2)
 
 import tianji_jax as tj  # noqa: E402

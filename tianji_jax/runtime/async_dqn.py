@@ -274,7 +274,8 @@ class AsyncDQN:
         """One line naming the devices chosen."""
         learners = ", ".join(str(d) for d in self.learner_devices)
         if self.remote is not None:
-            return self.remote.describe(f"{learners} (with the replay buffer)")
+            return self.remote.describe(f"{learners} (with the replay buffer" + (
+                ", sharded by env over the data-parallel learners)" if len(self.learner_devices) > 1 else ")"))
         if len(self.group_devices) > 1:
             shared = " (a device shared with the actors)" if self.actor_device in self.group_devices else ""
             return (f"placement: actors on {self.actor_device}, {len(self.group_devices)} learner groups, each with "

@@ -38,7 +38,7 @@ def placement(devices: list | None = None, num_learner_devices: int = 1,
               num_learner_groups: int = 1) -> tuple[Any, list]:
     """``(actor_device, learner_devices)``: actors on the first device, the learner(s) on the last
     ``num_learner_devices * num_learner_groups`` (disjoint from the actors' when there are enough
-    devices; design.md section 3: on one device actor inference and learner updates serialise).
+    devices; docs/runtime.md, "Placement": on one device actor inference and learner updates serialise).
 
     Raises:
         ValueError: more learner devices asked for than there are devices.

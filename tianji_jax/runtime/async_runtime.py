@@ -5,7 +5,7 @@ No math here: actors and the learner are callables. Components talk only through
 global barrier. Every wait has a timeout and sees the stop event; a failure in any thread stops
 the run and is re-raised in the caller with its original traceback.
 
-Schedules (design.md section 4):
+Schedules (docs/runtime.md, "The lag contract"):
     ``sync``      rollout k uses params version k (the actor waits for it): lag 0, bit-reproducible.
     ``one_step``  rollout k+1 uses params version k, deterministically (Cleanba/Sebulba): lag <= 1.
     ``relaxed``   actors use the newest params they find and never wait for the learner, except when

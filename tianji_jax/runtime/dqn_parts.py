@@ -11,7 +11,7 @@ van Hasselt et al. 2016 (Double DQN); Wang et al. 2016 (dueling head, in
 :class:`~tianji_jax.networks.QNetwork`); Schaul et al. 2016 (proportional prioritised replay,
 importance weights with beta annealed to 1); Hessel et al. 2018 (n-step targets in replay).
 
-Episode boundaries (design.md section 5): the env layer's ``Timestep`` keeps ``terminated`` and
+Episode boundaries (docs/runtime.md, "Episode boundaries"): the env layer's ``Timestep`` keeps ``terminated`` and
 ``truncated`` apart and gives the true successor ``final_obs`` of every step, so an n-step
 transition that ends in a truncation bootstraps from the true final observation, one that ends
 in a termination has discount 0 (:func:`tianji_jax.algos.dqn.n_step_transitions`).

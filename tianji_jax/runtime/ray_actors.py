@@ -1,4 +1,4 @@
-"""Decoupled actor nodes on Ray Core (design.md section 7, TianJi's role split).
+"""Decoupled actor nodes on Ray Core (docs/runtime.md, "Learner layouts", TianJi's role split).
 
 Each remote actor is a Ray actor process (on any node of a Ray cluster) that owns a host env
 (envpool/gymnasium) and a CPU copy of the policy, and runs the same

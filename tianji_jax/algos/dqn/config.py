@@ -145,7 +145,7 @@ class DQNConfig(_AgentConfig):
     feed the learner's replay buffer on another through a rate limiter (TianJi mode)."""
     max_policy_lag: int = tianji(4)
     """Async: the lag gate at insert: a rollout acted with params more than this many versions
-    behind the learner when it reaches the replay buffer is dropped (design.md section 4.2)."""
+    behind the learner when it reaches the replay buffer is dropped (docs/runtime.md, "The lag contract")."""
     schedule: Literal["sync", "relaxed"] = tianji("relaxed")
     """Async: 'relaxed' (actors act with the newest params whenever the rate limiter admits a
     chunk; the TianJi mode) or 'sync' (one actor; chunk k is acted with the params published after

@@ -19,7 +19,7 @@ Sources:
     Horgan et al. 2018, "Distributed Prioritized Experience Replay" (Ape-X; section 4.1 and
     appendix: per-actor epsilons ``eps_i = eps^(1 + i / (N - 1) * alpha)``, eps = 0.4, alpha = 7).
 
-Episode boundaries (design.md section 5): ``terminated`` and ``truncated`` stay separate.
+Episode boundaries (docs/runtime.md, "Episode boundaries"): ``terminated`` and ``truncated`` stay separate.
 A termination ends the n-step sum with no bootstrap (discount 0). A truncation (time limit) ends
 the sum too, but the target bootstraps from the value of the *true final observation* of that
 step, which the env layer delivers as ``Timestep.final_obs`` (:mod:`tianji_jax.envs.core`):
