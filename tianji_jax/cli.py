@@ -83,10 +83,15 @@ def _args_type(algo: str) -> type:
         ValueError: ``algo`` is not registered (the message lists the registered names).
     """
     spec = get_algorithm(algo)
-    if algo == "ppo":  # the default: its --algo lists every registered name as a choice
+    if algo == "ppo":  # the default: its --algo lists every registered name as a choice, with its description
         names = algorithm_names()
+        described = "; ".join(f"'{n}': {get_algorithm(n).description or 'registered by another package'}"
+                              for n in names)
+        help_text = (f"Algorithm (a registered name): {described}. The options listed here are PPO's; another "
+                     "algorithm's: tianji train --algo NAME --help.")
         return dataclasses.make_dataclass(
-            "TrainArgs", [("algo", Literal[names], dataclasses.field(default="ppo"))],  # type: ignore[valid-type]
+            "TrainArgs", [("algo", Annotated[Literal[names], tyro.conf.arg(help=help_text)],  # type: ignore[valid-type]
+                           dataclasses.field(default="ppo"))],
             bases=(TrainArgs,), frozen=True, kw_only=True, namespace={"__doc__": TrainArgs.__doc__})
     if algo in _BUILT_IN_ARGS:
         return _BUILT_IN_ARGS[algo]

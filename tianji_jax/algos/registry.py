@@ -61,7 +61,7 @@ class Algorithm:
             :class:`~tianji_jax.runtime.chunker.TrajectoryChunker`) and ``close()``. Its PRNG
             key is the algorithm's actor key folded with each of ``key_folds`` in turn; its
             envs are seeded from ``seed`` (not ``config.seed``); ``timer(name, t0)`` adds phase seconds; ``run_env_steps()`` is the run's env steps.
-        description: one line describing it (for listings; not shown by ``--help`` yet).
+        description: one line describing it (shown in ``tianji train --help`` under ``--algo``).
         traced_hyperparameters: config fields that may vary without recompiling (empty: every
             field enters the compile key).
     """
