@@ -24,10 +24,12 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     ("ppo", "async", "threads", "multi_host", "gymnasium"): "tests/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
     ("ppo", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_two_remote_actors_solve_cartpole",
     **{("ppo", "async", "ray", layout, env): "tests/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
-       for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"))},
+       for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
+                           ("groups", "envpool"), ("groups", "gymnasium"))},
     ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
     **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
-       for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"))},
+       for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
+                           ("groups", "envpool"), ("groups", "gymnasium"))},
 }
 
 

@@ -117,14 +117,17 @@ def test_two_remote_actors_solve_cartpole(cluster, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("env, learners", [("gymnasium:CartPole-v1", 1), ("envpool:CartPole-v1", 2),
-                                           ("gymnasium:CartPole-v1", 2)])
-def test_ray_cells_of_the_capability_table_run(cluster, env, learners):
+@pytest.mark.parametrize("env, layout", [("gymnasium:CartPole-v1", {}), ("envpool:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("envpool:CartPole-v1", {"num_learner_groups": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_groups": 2})])
+def test_ray_cells_of_the_capability_table_run(cluster, env, layout):
     """The capability table's other Ray cells (gymnasium envs on remote actors; data-parallel
-    learner devices fed by remote actors): a few updates within the lag bound, nothing lost."""
+    learner devices or learner groups fed by remote actors): a few updates within the lag bound,
+    nothing lost."""
     config = PPOConfig(env=env, runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=32,
                        num_minibatches=2, update_epochs=1, eval_episodes=0, total_env_steps=4 * 2 * 128,
-                       eval_every_env_steps=2 * 128, num_learner_devices=learners, seed=0)
+                       eval_every_env_steps=2 * 128, seed=0, **layout)
     result = tj.train(config, progress=False)
     c = result.curve
     assert c["env_steps"][-1] == config.env_steps
@@ -137,16 +140,19 @@ DQN_SMALL = dict(runtime="async", actor_backend="ray", num_actors=2, num_envs=4,
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("env, learners", [("envpool:CartPole-v1", 1), ("gymnasium:CartPole-v1", 1),
-                                           ("envpool:CartPole-v1", 2), ("gymnasium:CartPole-v1", 2)])
-def test_dqn_ray_cells_of_the_capability_table_run(cluster, env, learners):
+@pytest.mark.parametrize("env, layout", [("envpool:CartPole-v1", {}), ("gymnasium:CartPole-v1", {}),
+                                         ("envpool:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("envpool:CartPole-v1", {"num_learner_groups": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_groups": 2})])
+def test_dqn_ray_cells_of_the_capability_table_run(cluster, env, layout):
     """DQN's Ray cells: remote actors build their n-step transitions and feed the learner's replay
-    ingress (sharded by env over two data-parallel learner devices in the second pair); every
-    delivered env step is counted, nothing lost, the replay ratio held."""
+    ingress (sharded by env over two data-parallel learner devices, or one replay per learner
+    group, actor i feeding group i % 2 with that group's params); every delivered env step is
+    counted, nothing lost, the replay ratio held."""
     from tianji_jax.config import DQNConfig
 
-    config = DQNConfig(env=env, **DQN_SMALL, total_env_steps=2000, eval_every_env_steps=500,
-                       num_learner_devices=learners)
+    config = DQNConfig(env=env, **DQN_SMALL, total_env_steps=2000, eval_every_env_steps=500, **layout)
     result = tj.train(config, progress=False)
     c = result.curve
     assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 1500

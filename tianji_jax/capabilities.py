@@ -82,11 +82,10 @@ RULES: tuple[_Rule, ...] = (
     # not built yet
     _Rule(lambda c: c.algo == "dqn" and c.layout == "multi_host", "layout",
           "not built yet for the replay data path: DQN's learners run in one process"),
-    _Rule(lambda c: c.actors == "ray" and c.layout in ("groups", "multi_host"), "actor_backend",
-          "Ray actors feed one learner process with one learner group; groups or several learner processes "
-          "with Ray actors are not built yet",
+    _Rule(lambda c: c.actors == "ray" and c.layout == "multi_host", "actor_backend",
+          "Ray actors feed one learner process; several learner processes with Ray actors are not built yet",
           "actor_backend='ray' is not supported with {layout_field}={layout_value} yet (Ray actors feed one "
-          "learner process with one learner group); allowed: actor_backend='threads'"),
+          "learner process); allowed: actor_backend='threads'"),
 )
 """The rules, in order (first match wins)."""
 

@@ -159,7 +159,8 @@ class AsyncDQN:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    self.remote = RemoteActors(config, self._remote_to_learner, self._time, self._run_env_steps)
+                    self.remote = RemoteActors(config, self._remote_to_learner, self._time, self._run_env_steps,
+                                               seed=config.seed if env_seed is None else env_seed)
                 else:
                     for i, k in enumerate(keys):
                         self.host_actors.append(DQNHostActor(
@@ -255,13 +256,14 @@ class AsyncDQN:
         """Chunks lost to remote actor deaths (actor_backend='ray'; never inserted); 0 otherwise."""
         return 0 if self.remote is None else self.remote.lost_chunks
 
-    def _remote_to_learner(self, data: tuple) -> tuple:
-        """A remote actor's chunk (host arrays, as :class:`DQNHostActor` returns it) on the
-        learner device; a frame chunk's sequence number stays a Python int."""
+    def _remote_to_learner(self, data: tuple, actor_id: int = 0) -> tuple:
+        """A remote actor's chunk (host arrays, as :class:`DQNHostActor` returns it) on its learner
+        group's device(s); a frame chunk's sequence number stays a Python int."""
         (items, item_version, mask, stats), _ = data
         if self.parts.frame_replay:
             return (jax.device_put(items, self.learner_device), int(item_version), None, stats), None
-        return (*self._place(items, item_version, mask), stats), None
+        group = actor_id % self.config.num_learner_groups
+        return (*self._place(items, item_version, mask, group=group), stats), None
 
     def _place_tree(self, tree: Any, group: int = 0) -> Any:
         """A host actor's chunk arrays on learner group ``group`` (``(items, item_version, mask)``

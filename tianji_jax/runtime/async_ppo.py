@@ -196,7 +196,8 @@ class AsyncPPO:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    self.remote = RemoteActors(config, self.to_learner, self._time)
+                    self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, group=i % groups),
+                                               self._time, seed=env_seed)
                 else:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,

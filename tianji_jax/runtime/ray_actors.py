@@ -112,8 +112,8 @@ class _RolloutWorker:
     first CPU device. Not used directly.
     """
 
-    def __init__(self, config: Any, actor_id: int):
-        self.config, self.actor_id = config, int(actor_id)
+    def __init__(self, config: Any, actor_id: int, seed: int):
+        self.config, self.actor_id, self.seed_base = config, int(actor_id), int(seed)
         self.actor = None
         self.incarnation: int | None = None
         self.seq = 0
@@ -132,7 +132,7 @@ class _RolloutWorker:
         # a process Ray restarted while it was idle is asked for the old incarnation (the client
         # learns of the death only from the next chunk's pid), so it mixes its pid in
         salt = os.getpid() if ray.get_runtime_context().was_current_actor_reconstructed else 0
-        seed = (cfg.seed + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
+        seed = (self.seed_base + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
         self.timers = {"rollout_s": 0.0, "inference_s": 0.0, "env_step_s": 0.0, "h2d_s": 0.0}
 
         def timer(name: str, t0: float) -> None:
@@ -389,9 +389,12 @@ class RayActorClient:
         return ray.get(self.handle.info.remote(), timeout=timeout_s)
 
 
-def make_ray_actors(config: Any, publisher: ParamPublisher, to_learner, timer,
-                    run_env_steps: Callable[[], int] | None = None) -> list[RayActorClient]:
-    """Create ``config.num_actors`` remote actors and their clients. Each actor asks for one CPU
+def make_ray_actors(config: Any, publishers: list[ParamPublisher], to_learner, timer,
+                    run_env_steps: Callable[[], int] | None = None, seed: int | None = None) -> list[RayActorClient]:
+    """Create ``config.num_actors`` remote actors and their clients; client ``i`` takes params from
+    ``publishers[i % len(publishers)]`` (one per learner group) and places chunks with
+    ``to_learner(chunk, i)``; the actors seed their envs from ``seed`` (default ``config.seed``;
+    a resumed run passes a fresh one). Each actor asks for one CPU
     (Ray places it on any node with a free CPU: start the learner's head node with
     ``ray start --head --num-cpus=0`` to keep actors off it), ``max_restarts=config.ray_max_restarts``
     and ``max_task_retries=0``, and runs JAX on CPU (``JAX_PLATFORMS=cpu``). Needs a Ray
@@ -415,7 +418,8 @@ def make_ray_actors(config: Any, publisher: ParamPublisher, to_learner, timer,
                                    max_concurrency=1, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
     cls = ray.remote(**options)(_RolloutWorker)
     run = uuid.uuid4().hex[:8]
-    handles = [cls.options(name=f"tianji-{run}-actor-{i}").remote(config, i) for i in range(config.num_actors)]
+    seed = config.seed if seed is None else int(seed)
+    handles = [cls.options(name=f"tianji-{run}-actor-{i}").remote(config, i, seed) for i in range(config.num_actors)]
     try:  # start-up (process, JAX import, envs) outside the runtime's stall window; env errors show here
         ray.get([h.start.remote() for h in handles], timeout=STARTUP_TIMEOUT_S)
     except BaseException as err:
@@ -425,36 +429,41 @@ def make_ray_actors(config: Any, publisher: ParamPublisher, to_learner, timer,
             raise TimeoutError(f"{config.num_actors} remote actor(s) did not start within {STARTUP_TIMEOUT_S:g} s "
                                "(is every actor's CPU slot free in the Ray cluster?)") from err
         raise
-    return [RayActorClient(h, i, publisher, to_learner, timer, max_restarts=config.ray_max_restarts,
-                           timeout_s=config.stall_timeout_s, run_env_steps=run_env_steps)
+    return [RayActorClient(h, i, publishers[i % len(publishers)], lambda chunk, i=i: to_learner(chunk, i), timer,
+                           max_restarts=config.ray_max_restarts, timeout_s=config.stall_timeout_s,
+                           run_env_steps=run_env_steps)
             for i, h in enumerate(handles)]
 
 
 class RemoteActors:
-    """The remote actors of one run, for any algorithm: the Ray connection, the shared
-    :class:`ParamPublisher` and one :class:`RayActorClient` per actor (the runtime's actor
-    callables), with what the runtimes read from them.
+    """The remote actors of one run, for any algorithm: the Ray connection, one
+    :class:`ParamPublisher` per learner group (versions count per group) and one
+    :class:`RayActorClient` per actor (the runtime's actor callables; actor ``i`` acts with group
+    ``i % G``'s params), with what the runtimes read from them.
 
     Args:
         config: the run's config (``actor_backend='ray'``, ``ray_address``, ``ray_max_restarts``,
-            ``num_actors``, ``stall_timeout_s``).
-        to_learner: ``to_learner(chunk) -> chunk`` places a chunk (host arrays) on the learner.
+            ``num_actors``, ``stall_timeout_s``, ``num_learner_groups`` where it has one).
+        to_learner: ``to_learner(chunk, actor_id) -> chunk`` places a chunk (host arrays) on the
+            learner (of the actor's group).
         timer: ``timer(name, t0)`` as :class:`RayActorClient`.
         run_env_steps: as :class:`RayActorClient`.
+        seed: the actors' env seed base (default ``config.seed``; a resumed run passes a fresh one,
+            so its envs do not replay the episodes the run began with).
 
-    A private local instance offers a CPU slot per actor, even past the cores it has. Remote
-    actors seed their envs afresh in every process, so a resumed run needs no env seed here.
+    A private local instance offers a CPU slot per actor, even past the cores it has.
 
     Raises:
         as :class:`RayContext` and :func:`make_ray_actors` (Ray is shut down again first).
     """
 
     def __init__(self, config: Any, to_learner: Callable, timer: Callable[[str, float], None],
-                 run_env_steps: Callable[[], int] | None = None):
+                 run_env_steps: Callable[[], int] | None = None, seed: int | None = None):
         self.context = RayContext(config.ray_address, num_cpus=max(os.cpu_count() or 1, config.num_actors))
-        self.publisher = ParamPublisher()
+        self.publishers = [ParamPublisher() for _ in range(getattr(config, "num_learner_groups", 1))]
+        self.publisher = self.publishers[0]
         try:
-            self.clients = make_ray_actors(config, self.publisher, to_learner, timer, run_env_steps)
+            self.clients = make_ray_actors(config, self.publishers, to_learner, timer, run_env_steps, seed)
         except BaseException:
             self.context.close()
             raise

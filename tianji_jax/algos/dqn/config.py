@@ -185,7 +185,7 @@ class DQNConfig(_AgentConfig):
     with that group's params); each starts learning after learning_starts / G of its own env
     steps, and every sync_every blocks of their own the groups average their online and target
     params. The run's learner blocks (learning_iterations) are split evenly over the groups. Not
-    combined with num_learner_devices > 1, frame replay (Atari), Ray actors or resume yet."""
+    combined with num_learner_devices > 1, frame replay (Atari) or resume yet."""
     sync_every: int = layout(1)
     """Learner groups: each group's learner blocks between param averagings (and always at its
     last block). Needs ``num_learner_groups > 1``."""

@@ -129,7 +129,7 @@ class PPOConfig(_AgentConfig):
     ``sync_every`` updates of their own the groups average their params. ``num_updates`` counts
     all groups' updates (each group runs ``num_updates / G`` with its own learning-rate
     schedule). Not combined with ``num_learner_devices > 1`` (per-step gradient averaging inside
-    a group), multi-host runs, Ray actors or resume yet."""
+    a group), multi-host runs or resume yet."""
     sync_every: int = layout(1)
     """Learner groups: each group's updates between param averagings (and always at its last
     update, so a run ends with one set of params). Needs ``num_learner_groups > 1``."""
