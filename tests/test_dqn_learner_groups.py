@@ -96,11 +96,11 @@ def test_two_learner_groups_solve_cartpole():
     (SB3 rl-zoo-style CartPole DQN with Polyak targets, Double DQN, 3-step targets), learning
     after 1k env steps per group."""
     budget = 300_000
+    from dqn_settings import CARTPOLE_FAST
+
     config = tj.DQNConfig(runtime="async", num_learner_groups=2, num_actors=2, sync_every=4, seed=0,
-                          total_env_steps=budget, num_envs=16, num_steps=8, replay_ratio=0.25, batch_size=64,
-                          learning_rate=1e-3, learning_starts=2000, buffer_capacity=100_000, hidden_sizes=(256, 256),
-                          target_update_period=None, tau=0.005, epsilon_end=0.02, epsilon_decay_fraction=0.125,
-                          eval_episodes=10, eval_every_env_steps=5000, stop_at_return=475)
+                          total_env_steps=budget, num_envs=16, learning_starts=2000, buffer_capacity=100_000,
+                          **CARTPOLE_FAST)
     result = tj.train(config, progress=False)
     c = result.curve
     print(f"DQN, 2 learner groups: eval returns {np.round(c['eval_return_mean'], 1).tolist()} at env steps "

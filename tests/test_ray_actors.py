@@ -250,11 +250,11 @@ def test_dqn_with_two_remote_actors_solves_cartpole(cluster):
     from tianji_jax.config import DQNConfig
 
     budget = 150_000
+    from dqn_settings import CARTPOLE_FAST
+
     config = DQNConfig(env="envpool:CartPole-v1", runtime="async", actor_backend="ray", num_actors=2, seed=0,
-                       total_env_steps=budget, num_envs=8, num_steps=8, replay_ratio=0.25, batch_size=64,
-                       learning_rate=1e-3, learning_starts=1000, buffer_capacity=50_000, hidden_sizes=(256, 256),
-                       target_update_period=None, tau=0.005, epsilon_end=0.02, epsilon_decay_fraction=0.125,
-                       eval_episodes=10, eval_every_env_steps=5000, stop_at_return=475)
+                       total_env_steps=budget, num_envs=8, learning_starts=1000, buffer_capacity=50_000,
+                       **CARTPOLE_FAST)
     result = tj.train(config, progress=False)
     c = result.curve
     print(f"DQN on 2 Ray actors: eval returns {np.round(c['eval_return_mean'], 1).tolist()} at env steps "
