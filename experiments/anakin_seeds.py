@@ -28,7 +28,7 @@ import numpy as np
 import tianji_jax as tj
 from tianji_jax.provenance import provenance
 from tianji_jax.runtime.anakin import host_metrics
-from tianji_jax.host_ppo import ppo_evaluator
+from tianji_jax.host_on_policy import on_policy_evaluator
 
 
 def first_hit(steps: np.ndarray, values: np.ndarray, threshold: float) -> float:
@@ -44,7 +44,7 @@ def run_vmapped(config: tj.PPOConfig, seeds: int) -> tuple[np.ndarray, np.ndarra
     chunks = config.num_updates // u
     init = jax.jit(jax.vmap(trainer.init))
     chunk = jax.jit(jax.vmap(trainer.chunk))
-    evaluate = jax.jit(jax.vmap(ppo_evaluator(config, trainer, config.eval_episodes), in_axes=(0, 0, None)))
+    evaluate = jax.jit(jax.vmap(on_policy_evaluator(config, trainer, config.eval_episodes), in_axes=(0, 0, None)))
     states = init(jax.vmap(jax.random.PRNGKey)(jnp.arange(seeds, dtype=jnp.uint32)))
     steps, train_ret, eval_ret = [], [], []
     for c in range(chunks):

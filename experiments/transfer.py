@@ -2,7 +2,7 @@
 
 The async runtime moves every finished trajectory (``(T, N, ...)`` arrays: obs, final_obs, actions,
 log-probs, values, rewards, flags, episode statistics, version stamps, last_obs) to the learner with
-``AsyncPPO.to_learner`` (one device, or sharded along the env axis over data-parallel learners).
+``AsyncOnPolicy.to_learner`` (one device, or sharded along the env axis over data-parallel learners).
 This script times that call, blocking until the arrays are on the learner, and in the same repeat a
 plain ``jax.device_put`` of the same arrays to the same device (the hardware/runtime limit here),
 plus a numpy copy of the same bytes (the memory-bandwidth ceiling of a CPU "transfer"). Sources: a
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax.runtime.async_ppo import AsyncPPO  # noqa: E402
+from tianji_jax.runtime.async_on_policy import AsyncOnPolicy  # noqa: E402
 from tianji_jax.runtime.chunker import CHUNK_KEYS  # noqa: E402
 
 T, N = 128, 8
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     runtimes = {}
     for name, (cfg, obs_shape, dtype) in setups.items():
         for L in (1, 2):
-            ppo = AsyncPPO(cfg.replace(num_learner_devices=L))
+            ppo = AsyncOnPolicy(cfg.replace(num_learner_devices=L))
             ppo.close()  # only its placement and to_learner are used (host envs not stepped)
             runtimes[(name, L)] = ppo
     rows = []
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 cases[(src_name, "jax.device_put (bound)", 1)] = lambda src=src: jax.device_put(src, dst)
                 for L in (1, 2):
                     ppo = runtimes[(name, L)]
-                    cases[(src_name, f"AsyncPPO.to_learner, L={L}", L)] = lambda src=src, ppo=ppo: ppo.to_learner(src)
+                    cases[(src_name, f"AsyncOnPolicy.to_learner, L={L}", L)] = lambda src=src, ppo=ppo: ppo.to_learner(src)
             out_host, out_dev = jax.device_put(host, dst), jax.device_put(on_actor, dst)
             alias_now = {"host numpy": aliases(host["obs"], out_host["obs"]),
                          "actor device cpu:0": (out_dev["obs"].addressable_data(0).unsafe_buffer_pointer()

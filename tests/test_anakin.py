@@ -102,8 +102,8 @@ def test_continuous_actions_run_and_are_clipped_for_the_env():
     config = tj.PPOConfig(**{**SMALL, "env": "gymnax:Pendulum-v1", "normalize_observations": True,
                              "scale_rewards": True})
     trainer = tj.make_train(config, updates_per_chunk=1)
-    assert trainer.continuous
-    clipped = np.asarray(trainer.env_action(np.array([[-5.0], [0.5], [9.0]], np.float32)))
+    assert trainer.agent.continuous
+    clipped = np.asarray(trainer.agent.env_action(np.array([[-5.0], [0.5], [9.0]], np.float32)))
     np.testing.assert_array_equal(clipped, [[-2.0], [0.5], [2.0]])
     state, metrics = trainer(trainer.init(jax.random.PRNGKey(0)))
     assert np.all(np.isfinite(np.asarray(metrics["policy_loss"])))

@@ -265,9 +265,9 @@ def test_telemetry_counts_open_spans_up_to_the_read():
 
 
 def test_async_learner_state_lives_on_the_learner_device():
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
-    ppo = AsyncPPO(tj.PPOConfig(**{**SMALL, "runtime": "async"}))
+    ppo = AsyncOnPolicy(tj.PPOConfig(**{**SMALL, "runtime": "async"}))
     assert ppo.actor_device != ppo.learner_device
     for leaf in jax.tree.leaves(ppo.learner_state):
         assert leaf.devices() == {ppo.learner_device}

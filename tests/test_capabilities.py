@@ -26,6 +26,10 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     **{("ppo", "async", "ray", layout, env): "tests/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
                            ("groups", "envpool"), ("groups", "gymnasium"))},
+    **{("pqn", "async", "threads", "multi_host", env): "tests/test_distributed.py::test_two_pqn_processes_keep_identical_replicas"
+       for env in ("gymnax", "envpool", "gymnasium")},
+    **{("pqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_pqn_ray_cells_of_the_capability_table_run"
+       for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
     ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
     **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
@@ -33,9 +37,13 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
 }
 
 
+_CONFIG = {"ppo": tj.PPOConfig, "pqn": tj.PQNConfig, "dqn": tj.DQNConfig}
+_ON_POLICY = ("ppo", "pqn")
+
+
 def _kwargs(cell: Cell) -> dict:
     kw = dict(env=_ENV_ID[cell.env], runtime=cell.runtime, seed=0)
-    if cell.algo == "ppo":
+    if cell.algo in _ON_POLICY:
         kw.update(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
         if cell.actors != "threads":
             kw["actor_backend"] = cell.actors
@@ -53,7 +61,7 @@ def _kwargs(cell: Cell) -> dict:
 
 def _expressible(cell: Cell) -> bool:
     """Cells a config can ask for (DQN's config has no multi-host fields yet)."""
-    return cell.algo == "ppo" or cell.layout != "multi_host"
+    return cell.algo in _ON_POLICY or cell.layout != "multi_host"
 
 
 def test_readme_shows_the_generated_table():
@@ -63,7 +71,7 @@ def test_readme_shows_the_generated_table():
 @pytest.mark.parametrize("cell", [c for c, why in capabilities.table() if why is not None and _expressible(c)],
                          ids=lambda c: "-".join(vars(c).values()))
 def test_unsupported_cells_are_refused_with_the_tables_reason(cell):
-    config_cls = tj.PPOConfig if cell.algo == "ppo" else tj.DQNConfig
+    config_cls = _CONFIG[cell.algo]
     with pytest.raises(ValueError) as info:
         config_cls(**_kwargs(cell))
     rule = next(r for r in capabilities.RULES if r.when(cell))
@@ -81,15 +89,16 @@ _IN_PROCESS = [c for c, why in capabilities.table() if why is None and c.layout 
 @pytest.mark.parametrize("cell", _IN_PROCESS, ids=lambda c: "-".join(vars(c).values()))
 def test_supported_cell_runs_a_few_updates(cell):
     """Budget: 3-15 s per cell (compilation of a tiny network dominates)."""
-    config_cls = tj.PPOConfig if cell.algo == "ppo" else tj.DQNConfig
+    config_cls = _CONFIG[cell.algo]
     kw = _kwargs(cell)
-    per_update = kw["num_envs"] * kw["num_steps"] * kw.get("num_actors", 1) if cell.algo == "ppo" else 4 * 4
-    total = per_update * 4 if cell.algo == "ppo" else 256
+    on_policy = cell.algo in _ON_POLICY
+    per_update = kw["num_envs"] * kw["num_steps"] * kw.get("num_actors", 1) if on_policy else 4 * 4
+    total = per_update * 4 if on_policy else 256
     config = config_cls(**kw, total_env_steps=total, eval_every_env_steps=total // 2, eval_episodes=1)
     result = tj.train(config, progress=False)
     assert result.curve["env_steps"][-1] >= total // 2
     assert np.all(np.isfinite(result.curve["eval_return_mean"]))
-    assert math.isfinite(float(result.curve["episode_return_mean"][-1])) or cell.algo == "dqn"
+    assert math.isfinite(float(result.curve["episode_return_mean"][-1])) or not on_policy
 
 
 def test_every_supported_cell_is_run_somewhere():

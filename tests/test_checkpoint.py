@@ -436,7 +436,7 @@ def test_async_host_env_run_resumes_and_continues(tmp_path):
     assert int(resumed.state.learner.version) == config.num_updates and resumed.state.actor is None
     assert [int(r["env_steps"]) for r in read_csv(run_dir / "metrics.csv")] == [64, 128, 192, 256]
     assert list(resumed.curve["update"]) == [1, 2, 3, 4]
-    from tianji_jax.runtime.async_ppo import resume_seed
+    from tianji_jax.runtime.async_on_policy import resume_seed
 
     assert resume_seed(config.seed, 128) not in (config.seed, resume_seed(config.seed, 192))
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_ppo import AsyncPPO
+from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -15,7 +15,7 @@ BASE = dict(num_envs=4, num_steps=16, total_env_steps=4 * 16 * 4, eval_every_env
 
 
 def _one_update(config):
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     state, traj = ppo._rollout(jax.device_put(ppo.learner_state.params, ppo.actor_device),
                                jax.numpy.asarray(0, jax.numpy.int32), ppo._actor_states[0])
     placed = ppo.to_learner(traj)
@@ -81,7 +81,7 @@ def test_train_with_two_learners(capsys):
 @pytest.mark.parametrize("learners", [1, 2])
 def test_trajectories_and_learner_state_live_on_the_learner_devices(learners):
     config = tj.PPOConfig(**BASE, update_epochs=1, num_minibatches=2, num_learner_devices=learners)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     _, traj = ppo._rollout(jax.device_put(ppo.learner_state.params, ppo.actor_device),
                            jax.numpy.asarray(0, jax.numpy.int32), ppo._actor_states[0])
     placed = ppo.to_learner(traj)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_ppo import AsyncPPO
+from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -115,6 +115,16 @@ def test_two_processes_on_host_envs_keep_identical_replicas(tmp_path, env):
     assert sorted(d0) == [1, 2, 3] and d0 == d1 and len(set(d0.values())) == 3
 
 
+@pytest.mark.slow  # two jax.distributed processes per env backend: about 40-50 s each on 2 cores
+@pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "envpool:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_two_pqn_processes_keep_identical_replicas(tmp_path, env):
+    """PQN's multi-host cells, through the generic on-policy wiring (PQN registers only its agent):
+    each process acts on its own envs, the global update keeps the replicas identical."""
+    d0, d1 = _train_pair(tmp_path, ["--algo", "pqn", "--env", env, "--total-env-steps", str(2 * 64 * 3),
+                                    "--eval-every-env-steps", "128"])
+    assert sorted(d0) == [1, 2, 3] and d0 == d1 and len(set(d0.values())) == 3
+
+
 _WORKER = textwrap.dedent('''
     import sys, numpy as np
     pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -123,11 +133,11 @@ _WORKER = textwrap.dedent('''
     from tianji_jax.runtime import distributed as dist
     dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
     import tianji_jax as tj
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
     cfg = tj.PPOConfig(num_envs=4, num_steps=16, total_env_steps=2 * 64 * 4, eval_episodes=0, runtime="async",
                        update_epochs=3, num_minibatches=1, num_processes=2, process_id=pid,
                        coordinator=f"127.0.0.1:{port}")
-    ppo = AsyncPPO(cfg)
+    ppo = AsyncOnPolicy(cfg)
     _, traj = ppo._rollout(jax.device_put(ppo.local_learner_state.params, ppo.actor_device),
                            jax.numpy.asarray(0, jax.numpy.int32), ppo._actor_states[0])
     placed = ppo.to_learner(traj)
@@ -172,7 +182,7 @@ def test_global_update_equals_single_process_update_and_each_process_gets_its_ha
     keys = [k[5:] for k in out[0] if k.startswith("traj_")]
     concat = {k: np.concatenate([out[0]["traj_" + k], out[1]["traj_" + k]], axis=0 if k == "last_obs" else 1)
               for k in keys}
-    single = AsyncPPO(tj.PPOConfig(num_envs=8, num_steps=16, total_env_steps=2 * 64 * 4, eval_episodes=0,
+    single = AsyncOnPolicy(tj.PPOConfig(num_envs=8, num_steps=16, total_env_steps=2 * 64 * 4, eval_episodes=0,
                                    runtime="async", update_epochs=3, num_minibatches=1))
     ref, ref_m = single._learn(single.learner_state, single.to_learner(concat))
     for i, leaf in enumerate(jax.tree.leaves(ref.params)):
@@ -239,7 +249,7 @@ def test_async_ppo_refuses_a_job_it_has_not_joined():
     c = tj.PPOConfig(num_envs=4, num_steps=16, total_env_steps=1024, eval_episodes=0, runtime="async",
                      num_processes=2, coordinator="127.0.0.1:1234")
     with pytest.raises(ValueError, match="has not joined"):
-        AsyncPPO(c)
+        AsyncOnPolicy(c)
 
 
 def test_cli_rejects_bad_launch_flags(capsys):

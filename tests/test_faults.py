@@ -140,10 +140,10 @@ def _user_lines(exc: BaseException) -> list[str]:
 @pytest.mark.timeout(120)
 def test_ppo_actor_thread_crash_reaches_the_caller_and_every_env_step_is_counted(capsys):
     """Budget: about 10 s. Two relaxed actors; actor 1 raises on its 3rd rollout."""
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
     config = tj.PPOConfig(**_ASYNC_PPO, schedule="relaxed", num_actors=2, total_env_steps=4 * 32 * 40)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     runner = ppo.runner
     runner.actors[1], calls = _crash_on_call(runner.actors[1], 3, "actor 1")
     t0 = time.monotonic()
@@ -255,7 +255,7 @@ class DroppingStore(ParamStore):
 def test_ppo_params_lost_past_the_stall_timeout_stop_the_run_naming_the_actor_and_versions():
     """Budget: about 10 s (a 1-update warm-up, k = 2 updates, a 2.25 s stall). ``sync``: the actor
     waits for params k + 1, which never arrive."""
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
     # 2.25 s: the learner notices its own stall only at 0.5 s poll steps after it took its last
     # item (2.5 s), so the actor, which waits exactly stall_timeout_s, is the one that reports
@@ -264,11 +264,11 @@ def test_ppo_params_lost_past_the_stall_timeout_stop_the_run_naming_the_actor_an
     # warm-up: one update compiles the rollout and the update (cached by compile_key, which ignores
     # stall_timeout_s), so the measured run is quick (the actor's wait for version 1 would have
     # the compile allowance anyway: async_runtime.COMPILE_ALLOWANCE_S)
-    warm = AsyncPPO(config.replace(stall_timeout_s=60.0))
-    init = warm.learner_state.params  # version 0, the same as any new AsyncPPO of this config
+    warm = AsyncOnPolicy(config.replace(stall_timeout_s=60.0))
+    init = warm.learner_state.params  # version 0, the same as any new AsyncOnPolicy of this config
     warm.runner.run(lambda *a: True)
     store = DroppingStore(init, last=k)
-    ppo = AsyncPPO(config, store=store)
+    ppo = AsyncOnPolicy(config, store=store)
     runner = ppo.runner
     assert runner.store is store
     with pytest.raises(StallError) as info:

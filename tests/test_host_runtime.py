@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_ppo import AsyncPPO
+from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 from tianji_jax.runtime.host_actor import HostActor
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,7 @@ def test_host_spec_reads_spaces_and_time_limit():
 @pytest.mark.parametrize("batch_size", [None, 2])
 def test_host_actor_stamps_every_step_with_the_version_it_acted_with(batch_size):
     config = tj.PPOConfig(**SMALL, env="envpool:CartPole-v1", env_batch_size=batch_size)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     try:
         actor: HostActor = ppo.host_actors[0]
         params = ppo.learner_state.params
@@ -98,7 +98,7 @@ def test_atari_gets_the_nature_cnn_uint8_trajectories_and_clean_evaluation_setti
                           update_epochs=1, total_env_steps=8, eval_episodes=0)
     spec = config.env_spec
     assert spec.is_atari and not tj.PPOConfig(**SMALL, env="envpool:CartPole-v1").env_spec.is_atari
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     try:
         assert ppo.parts.network.torso == "nature_cnn"
         traj, _ = ppo.host_actors[0](ppo.learner_state.params, 0)

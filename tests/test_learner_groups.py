@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_ppo import AsyncPPO
+from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 from tianji_jax.runtime.async_runtime import StallError
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point, tree_mean
 
@@ -113,7 +113,7 @@ def test_config_rules_name_the_fields():
 
 
 def test_too_few_devices_for_the_groups_is_named():
-    from tianji_jax.runtime.async_ppo import placement
+    from tianji_jax.runtime.async_on_policy import placement
 
     with pytest.raises(ValueError, match=r"num_learner_groups=3 x num_learner_devices=1: needs 3 devices, only 2"):
         placement(jax.devices()[:2], num_learner_devices=1, num_learner_groups=3)
@@ -124,7 +124,7 @@ def _run_sync_groups(sync_every: int):
     """Two groups under schedule sync (one actor each): every published (group, version) params."""
     config = tj.PPOConfig(**BASE, schedule="sync", num_actors=2, num_learner_groups=2, sync_every=sync_every,
                           total_env_steps=64 * 8)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     published: dict = {}
     lags: list = []
     ppo.runner.extra_snapshot = lambda: {"states": list(ppo.learner_states)}

@@ -134,6 +134,26 @@ def test_ray_cells_of_the_capability_table_run(cluster, env, layout):
     assert np.all(c["policy_lag_max"] <= config.policy_lag_bound) and np.all(c["lost_chunks"] == 0)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env, layout", [("envpool:CartPole-v1", {}), ("gymnasium:CartPole-v1", {}),
+                                         ("envpool:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_devices": 2}),
+                                         ("envpool:CartPole-v1", {"num_learner_groups": 2}),
+                                         ("gymnasium:CartPole-v1", {"num_learner_groups": 2})])
+def test_pqn_ray_cells_of_the_capability_table_run(cluster, env, layout):
+    """PQN's Ray cells, through the generic on-policy host actor the registry gives it (PQN
+    registers no factory of its own): a few updates within the lag bound, nothing lost, the
+    params changed."""
+    config = tj.PQNConfig(env=env, runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=32,
+                          num_minibatches=2, update_epochs=1, eval_episodes=0, total_env_steps=4 * 2 * 128,
+                          eval_every_env_steps=2 * 128, seed=0, **layout)
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert c["env_steps"][-1] == config.env_steps and np.all(np.isfinite(c["td_loss"]))
+    assert np.all(c["policy_lag_max"] <= config.policy_lag_bound) and np.all(c["lost_chunks"] == 0)
+
+
 DQN_SMALL = dict(runtime="async", actor_backend="ray", num_actors=2, num_envs=4, num_steps=8, batch_size=32,
                  learning_starts=200, buffer_capacity=2000, replay_ratio=1 / 32, eval_episodes=0, seed=0)
 
@@ -179,10 +199,10 @@ def _kill_during_rollout(client, after_chunks: int) -> list[int]:
 
 @pytest.mark.timeout(240)
 def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
     config = PPOConfig(**SMALL, total_env_steps=4 * 32 * 5000, ray_max_restarts=2)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     try:
         clients = ppo.remote.clients
         killed = _kill_during_rollout(clients[0], after_chunks=3)
@@ -265,11 +285,11 @@ def test_dqn_with_two_remote_actors_solves_cartpole(cluster):
 
 @pytest.mark.timeout(180)
 def test_actor_dying_past_max_restarts_stops_the_run(cluster):
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
     from tianji_jax.runtime.ray_actors import RemoteActorError
 
     config = PPOConfig(**{**SMALL, "num_actors": 1}, total_env_steps=4 * 32 * 200, ray_max_restarts=0)
-    ppo = AsyncPPO(config)
+    ppo = AsyncOnPolicy(config)
     try:
         _kill_during_rollout(ppo.remote.clients[0], after_chunks=2)
         with pytest.raises(RemoteActorError, match="no longer restarts it .max_restarts=0"):

@@ -23,13 +23,13 @@ CALLS: list[str] = []
 
 def _train(config, **kw):
     CALLS.append("train")
-    from tianji_jax.host_ppo import train_ppo
+    from tianji_jax.host_on_policy import train_on_policy
 
-    return train_ppo(config, **kw)
+    return train_on_policy(config, **kw)
 
 
 USER = tj.Algorithm(name="logged_ppo", config=LoggedPPOConfig, data_path="on_policy", train=_train,
-                    evaluate="tianji_jax.host_ppo:evaluate_ppo", description="PPO, logged")
+                    evaluate="tianji_jax.host_on_policy:evaluate_on_policy", description="PPO, logged")
 
 
 @pytest.fixture

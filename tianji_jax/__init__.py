@@ -11,9 +11,9 @@ Public API::
 
 from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm
 from tianji_jax.caches import clear_caches
-from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, PQNConfig, load_config
 from tianji_jax.evaluation import EvalResult
-from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, make_train
+from tianji_jax.runtime.anakin import OnPolicyAnakin, OnPolicyTrainState, PPOAnakin, PPOTrainState, make_train
 from tianji_jax.runtime.dqn_anakin import DQNAnakin, DQNTrainState, make_dqn_train
 from tianji_jax.training import METRIC_COLUMNS, LoadedRun, TrainResult, evaluate, load, load_params, train
 
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PPOConfig", "make_train", "train", "evaluate", "load_params", "TrainResult", "PPOTrainState", "PPOAnakin",
     "EvalResult", "METRIC_COLUMNS", "__version__",
+    "PQNConfig", "OnPolicyTrainState", "OnPolicyAnakin",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
     "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches",
     "Algorithm", "register_algorithm", "algorithm_names",

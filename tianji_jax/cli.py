@@ -9,6 +9,8 @@ Every field of :class:`~tianji_jax.config.PPOConfig` is a flag (``--total-env-st
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import sys
 import time
@@ -152,7 +154,7 @@ def _algo_of(argv: list[str]) -> str:
 
 
 def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
-    env = args.config.env_spec.name.replace("/", "_")
+    env = re.sub(r"[^A-Za-z0-9._-]+", "_", args.config.env_spec.name)  # wrapper ids hold | = , characters
     return Path("runs") / f"{args.algo}-{env}-s{args.config.seed}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 

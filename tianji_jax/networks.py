@@ -35,23 +35,36 @@ def _dense(features: int, scale: float) -> nn.Dense:
                     bias_init=nn.initializers.constant(0.0))
 
 
+def _norm(layer_norm: bool, x: jax.Array) -> jax.Array:
+    """``nn.LayerNorm()(x)`` (a new ``LayerNorm_i`` submodule of the calling compact module) when
+    ``layer_norm``, else ``x`` untouched and no parameters."""
+    return nn.LayerNorm()(x) if layer_norm else x
+
+
 class NatureCNN(nn.Module):
     """The DQN/Atari torso of Mnih et al. 2015 (Nature, "Methods: model architecture"): conv 32x8x8
     stride 4, conv 64x4x4 stride 2, conv 64x3x3 stride 1, dense 512, ReLU after each; orthogonal
     init with gain sqrt(2) as in CleanRL's ``ppo_atari.py``.
 
+    Attributes:
+        layer_norm: ``True`` -> an ``nn.LayerNorm`` (over the last axis: channels, then the 512
+            features) after each convolution and after the dense layer, before the ReLU (PQN's
+            network, Gallici et al. 2024); ``False`` (default) adds no parameters.
+
     ``__call__(obs)``: ``(B, C, H, W)`` frames (envpool's channels-first stack, e.g. ``(B, 4, 84,
     84)`` uint8 in [0, 255]) -> ``(B, 512)`` float32 features; inputs are divided by 255.
     """
+
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         x = jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))  # NCHW -> NHWC
         init = nn.initializers.orthogonal(np.sqrt(2))
         for feat, k, st in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-            x = nn.relu(nn.Conv(feat, (k, k), (st, st), padding="VALID", kernel_init=init,
-                                bias_init=nn.initializers.constant(0.0))(x))
-        return nn.relu(_dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1))))
+            x = nn.relu(_norm(self.layer_norm, nn.Conv(feat, (k, k), (st, st), padding="VALID", kernel_init=init,
+                                                       bias_init=nn.initializers.constant(0.0))(x)))
+        return nn.relu(_norm(self.layer_norm, _dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1)))))
 
 
 class SmallCNN(nn.Module):
@@ -66,6 +79,8 @@ class SmallCNN(nn.Module):
     Attributes:
         channels_first: ``True`` for ``(B, C, H, W)`` input (transposed to channels-last first),
             ``False`` for ``(B, H, W, C)`` (MinAtar's layout).
+        layer_norm: ``True`` -> an ``nn.LayerNorm`` over the 16 output channels after the
+            convolution, before the ReLU (PQN's network); ``False`` (default) adds no parameters.
 
     ``__call__(obs)``: ``(B, H, W, C)`` (or channels-first) images of any numeric dtype, cast to
     float32 without rescaling (MinAtar's planes are 0/1) -> ``(B, 16 (H-2) (W-2))`` float32.
@@ -73,6 +88,7 @@ class SmallCNN(nn.Module):
 
     channels_first: bool = False
     features: int = 16
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -85,7 +101,7 @@ class SmallCNN(nn.Module):
         h, w = x.shape[1] - 2, x.shape[2] - 2
         patches = jnp.stack([x[:, i:i + h, j:j + w, :] for i in range(3) for j in range(3)], axis=3)
         y = jnp.einsum("bhwkc,kcf->bhwf", patches, kernel.reshape(9, c, self.features)) + bias
-        return nn.relu(y).reshape((y.shape[0], -1))
+        return nn.relu(_norm(self.layer_norm, y)).reshape((y.shape[0], -1))
 
 
 TORSOS = ("mlp", "nature_cnn", "small_cnn")
@@ -124,10 +140,11 @@ def choose_torso(obs_shape: tuple[int, ...]) -> str:
     return "small_cnn" if min(h, w) >= 3 else "mlp"
 
 
-def _image_torso(torso: str, obs_shape: tuple[int, ...]) -> nn.Module:
+def _image_torso(torso: str, obs_shape: tuple[int, ...], layer_norm: bool = False) -> nn.Module:
     if torso == "nature_cnn":
-        return NatureCNN()
-    return SmallCNN(channels_first=len(obs_shape) == 3 and _channels_first(tuple(obs_shape)))
+        return NatureCNN(layer_norm=layer_norm)
+    return SmallCNN(channels_first=len(obs_shape) == 3 and _channels_first(tuple(obs_shape)),
+                    layer_norm=layer_norm)
 
 
 def check_network(network: nn.Module, obs_shape: tuple[int, ...], obs_dtype: Any = jnp.float32) -> None:
@@ -217,6 +234,11 @@ class QNetwork(nn.Module):
         obs_shape: one observation's shape (tells :class:`SmallCNN` the channel layout).
         dueling: ``False`` -> ``Q = Dense(A)(torso)``; ``True`` -> separate value ``V (B, 1)`` and
             advantage ``A (B, A)`` heads on the shared torso, ``Q = V + A - mean_a A``.
+        layer_norm: ``True`` -> an ``nn.LayerNorm`` after every hidden Dense of the MLP (before
+            its activation) and after each convolution of the CNN torsos (see :class:`NatureCNN`,
+            :class:`SmallCNN`): PQN's network (Gallici et al. 2024, "Simplifying Deep Temporal
+            Difference Learning", section 4), which trains without a target network. ``False``
+            (default) adds no parameters: the parameter tree is that of a plain DQN network.
 
     ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype; the MLP flattens and casts to
     float32, the CNN divides by 255) and returns ``q``: ``(B, A)`` float32 Q-values.
@@ -228,19 +250,20 @@ class QNetwork(nn.Module):
     dueling: bool = False
     torso: str = "mlp"
     obs_shape: tuple[int, ...] = ()
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         if self.torso == "nature_cnn":
-            x = NatureCNN()(obs)
+            x = NatureCNN(layer_norm=self.layer_norm)(obs)
         else:
             act = _ACT[self.activation]
             if self.torso == "small_cnn":
-                x = _image_torso(self.torso, self.obs_shape)(obs)
+                x = _image_torso(self.torso, self.obs_shape, self.layer_norm)(obs)
             else:
                 x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
             for h in self.hidden_sizes:
-                x = act(_dense(h, np.sqrt(2))(x))
+                x = act(_norm(self.layer_norm, _dense(h, np.sqrt(2))(x)))
         if not self.dueling:
             return _dense(self.action_dim, 1.0)(x)
         value = _dense(1, 1.0)(x)

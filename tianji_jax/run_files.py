@@ -209,8 +209,8 @@ def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacke
     else:
         trainer = make_train(config)
         if not has_actor or config.env_spec.on_host:
-            return PPOTrainState(None, jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]),
-                                                      key))
+            agent = trainer.agent
+            return PPOTrainState(None, jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key))
         state = jax.eval_shape(trainer.init, key)
     if stacked_actors:
         state = state.replace(actor=jax.tree.map(

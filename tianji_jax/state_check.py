@@ -20,10 +20,13 @@ def expected_params(config: Any) -> Any:
     from tianji_jax.config import DQNConfig
 
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import shared_dqn_train as build
-    else:
-        from tianji_jax.runtime.anakin import shared_train as build
-    trainer = build(config)
+        from tianji_jax.runtime.dqn_anakin import shared_dqn_train
+
+        trainer = shared_dqn_train(config)
+    else:  # every on-policy algorithm: its agent
+        from tianji_jax.runtime.anakin import make_agent
+
+        trainer = make_agent(config)
     return jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]).params,
                           jax.random.PRNGKey(0))
 

@@ -20,7 +20,7 @@ PPO, as ``sb3_runner.py`` runs it: 8 envs x 32 steps, one minibatch of 256, 20 e
 lambda 0.8, no entropy bonus, lr 1e-3 annealed linearly to 0 over the 100k-step budget; the zoo
 also anneals the clip range 0.2 -> 0, which tianji_jax does not (clip 0.2 throughout).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
-evaluator factories of :mod:`tianji_jax.host_ppo` and :mod:`tianji_jax.host_dqn` (looked up there by
+evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_dqn` (looked up there by
 ``train`` and ``evaluate``); nothing in the library is changed.
 """
 
@@ -38,7 +38,7 @@ if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/ru
     jax.config.update("jax_num_cpu_devices", 2)
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax import host_dqn, host_ppo  # noqa: E402
+from tianji_jax import host_dqn, host_on_policy  # noqa: E402
 from tianji_jax.provenance import provenance  # noqa: E402
 
 log = P.EvalLog(spec)
@@ -59,7 +59,7 @@ def _timed_factory(factory):
     return make
 
 
-host_ppo.ppo_evaluator = _timed_factory(host_ppo.ppo_evaluator)
+host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_evaluator)
 host_dqn.dqn_evaluator = _timed_factory(host_dqn.dqn_evaluator)
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},

@@ -20,7 +20,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-__all__ = ["Algorithm", "DATA_PATHS", "register_algorithm", "get_algorithm", "algorithm_for", "algorithm_names"]
+__all__ = ["Algorithm", "DATA_PATHS", "register_algorithm", "get_algorithm", "algorithm_for", "algorithm_names",
+           "agent_class_for"]
 
 DATA_PATHS = ("on_policy", "replay")
 """``on_policy``: consume-once trajectory queue, lag gate at consumption, samples-per-insert 1.
@@ -64,16 +65,28 @@ class Algorithm:
         description: one line describing it (shown in ``tianji train --help`` under ``--algo``).
         traced_hyperparameters: config fields that may vary without recompiling (empty: every
             field enters the compile key).
+        agent: ``"module:Class"`` (or the class) of the algorithm's agent, built as
+            ``Class(config)``: for the on-policy data path a subclass of
+            :class:`~tianji_jax.algos.on_policy.OnPolicyAgent` (its network, acting step and
+            learner update). With an agent, ``train``, ``evaluate`` and ``host_actor`` default to
+            the generic on-policy ones (:mod:`tianji_jax.host_on_policy`,
+            ``runtime.host_actor:on_policy_host_actor``), which run it on every runtime the
+            capability table allows: registering it is the whole cost of a new on-policy algorithm.
+
+    Raises:
+        ValueError: a malformed name, an unknown data path, or no ``train`` / ``evaluate``
+            without an on-policy ``agent`` to default them from.
     """
 
     name: str
     config: str | type
     data_path: Literal["on_policy", "replay"]
-    train: str | Callable
-    evaluate: str | Callable
+    train: str | Callable | None = None
+    evaluate: str | Callable | None = None
     host_actor: str | Callable | None = None
     description: str = ""
     traced_hyperparameters: tuple[str, ...] = field(default=())
+    agent: str | type | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or not self.name.replace("_", "").isalnum() \
@@ -81,6 +94,27 @@ class Algorithm:
             raise ValueError(f"Algorithm.name must be a lower-case identifier such as 'ppo', got {self.name!r}")
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"Algorithm.data_path must be one of {DATA_PATHS}, got {self.data_path!r}")
+        if self.agent is not None and self.data_path == "on_policy":  # the generic on-policy runtime
+            for name, default in (("train", "tianji_jax.host_on_policy:train_on_policy"),
+                                  ("evaluate", "tianji_jax.host_on_policy:evaluate_on_policy"),
+                                  ("host_actor", "tianji_jax.runtime.host_actor:on_policy_host_actor")):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+        for name in ("train", "evaluate"):
+            if getattr(self, name) is None:
+                raise ValueError(f"Algorithm.{name} is required unless an on-policy agent is given "
+                                 f"(agent='module:Class' with data_path='on_policy'); algorithm {self.name!r}")
+
+    @property
+    def agent_cls(self) -> type:
+        """The agent class (imported on first use).
+
+        Raises:
+            ValueError: the algorithm registered no agent.
+        """
+        if self.agent is None:
+            raise ValueError(f"algorithm {self.name!r} registered no agent class")
+        return _resolve(self.agent)
 
     @property
     def config_cls(self) -> type:
@@ -177,11 +211,29 @@ def algorithm_for(config: Any) -> Algorithm:
     raise TypeError(f"config must be one of {names}, got {type(config).__name__}")
 
 
+def agent_class_for(config: Any) -> type:
+    """The agent class for ``config``: its algorithm's, or, for an algorithm registered without one
+    (a config subclass reusing a built-in algorithm's runtime), the most specific registered
+    algorithm's whose config class ``config`` is an instance of and which has one.
+
+    Raises:
+        TypeError: no registered algorithm with an agent has this config class.
+    """
+    matches = [_REGISTRY[n] for n in algorithm_names()
+               if _REGISTRY[n].agent is not None and isinstance(config, _REGISTRY[n].config_cls)]
+    if not matches:
+        raise TypeError(f"no registered algorithm with an agent takes a {type(config).__name__}")
+    return max(matches, key=lambda a: len(a.config_cls.__mro__)).agent_cls
+
+
 register_algorithm(Algorithm(
     name="ppo", config="tianji_jax.algos.ppo.config:PPOConfig", data_path="on_policy",
-    train="tianji_jax.host_ppo:train_ppo", evaluate="tianji_jax.host_ppo:evaluate_ppo",
-    host_actor="tianji_jax.runtime.host_actor:ppo_host_actor",
+    agent="tianji_jax.algos.ppo.agent:PPOAgent",
     description="PPO (Schulman et al. 2017) with GAE or V-trace; categorical or Gaussian policies"))
+register_algorithm(Algorithm(
+    name="pqn", config="tianji_jax.algos.pqn.config:PQNConfig", data_path="on_policy",
+    agent="tianji_jax.algos.pqn.agent:PQNAgent",
+    description="PQN (Gallici et al. 2024): LayerNorm Q-network, Q(lambda) on-policy, no replay or target net"))
 register_algorithm(Algorithm(
     name="dqn", config="tianji_jax.algos.dqn.config:DQNConfig", data_path="replay",
     train="tianji_jax.host_dqn:train_dqn", evaluate="tianji_jax.host_dqn:evaluate_dqn",

@@ -1,8 +1,10 @@
-"""Env layer: spaces, the Timestep protocol, registry, and the gymnax backend."""
+"""Env layer: spaces, the Timestep protocol, registry, the gymnax backend and device env wrappers."""
 
 from tianji_jax.envs.core import Timestep
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.envs.registry import BACKENDS, EnvSpec, resolve_env
 from tianji_jax.envs.spaces import Box, Discrete
+from tianji_jax.envs.wrappers import ClipAction, FrameStack, ObservationMask, apply_wrappers
 
-__all__ = ["Timestep", "GymnaxVecEnv", "VecEnvState", "EnvSpec", "resolve_env", "BACKENDS", "Box", "Discrete"]
+__all__ = ["Timestep", "GymnaxVecEnv", "VecEnvState", "EnvSpec", "resolve_env", "BACKENDS", "Box", "Discrete",
+           "ClipAction", "FrameStack", "ObservationMask", "apply_wrappers"]

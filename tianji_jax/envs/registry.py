@@ -147,20 +147,28 @@ def resolve_env(env: Any) -> EnvSpec:
         env: ``"gymnax:<id>"``, ``"envpool:<id>"``, ``"gymnasium:<id>"``, a bare gymnax id such
             as ``"CartPole-v1"``, or a gymnax-style
             environment object (``reset``, ``step``, ``default_params``, ``observation_space``,
-            ``action_space``).
+            ``action_space``). A gymnax id may be followed by wrappers, ``|``-separated and applied
+            left to right, innermost first (:func:`tianji_jax.envs.wrappers.apply_wrappers`):
+            ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
+            ``"gymnax:Pendulum-v1|clip_action"``; the spec's spaces are the wrapped env's and its
+            ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``).
 
     Raises:
         ValueError: unknown backend (allowed: :data:`BACKENDS`), unknown id (the message lists the
-            closest registered ids), an object missing part of the gymnax interface, or a space
-            type other than Discrete/Box.
+            closest registered ids), an object missing part of the gymnax interface, a space
+            type other than Discrete/Box, an unknown wrapper or bad wrapper value, or wrappers on a
+            host backend (not supported yet).
     """
     if isinstance(env, str):
-        backend, sep, env_id = env.partition(":")
+        base, *wrappers = env.split("|")  # "gymnax:<id>|<wrapper>|...": see tianji_jax.envs.wrappers
+        backend, sep, env_id = (base.strip() if wrappers else base).partition(":")
         if not sep:
-            backend, env_id = "gymnax", env
+            backend, env_id = "gymnax", backend
         if backend not in BACKENDS:
             raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}")
         if backend in HOST_BACKENDS:
+            if wrappers:
+                raise ValueError(f"env={env!r}: wrappers apply to gymnax envs; host envs ({backend}) not yet")
             return _resolve_host(env, backend, env_id)
         known = _gymnax_ids()
         if env_id not in known:
@@ -172,6 +180,11 @@ def resolve_env(env: Any) -> EnvSpec:
 
         obj, params = gymnax.make(env_id)
         name = env_id
+        if wrappers:
+            from tianji_jax.envs.wrappers import apply_wrappers
+
+            obj, suffix = apply_wrappers(obj, wrappers, env)
+            name += suffix
     else:
         missing = [a for a in ("reset", "step", "default_params", "observation_space", "action_space")
                    if not hasattr(env, a)]
@@ -180,6 +193,10 @@ def resolve_env(env: Any) -> EnvSpec:
                 f"env: object of type {type(env).__name__} is not a gymnax-style environment; missing "
                 f"{missing}. Pass 'gymnax:<id>' or an object implementing the gymnax Environment API")
         backend, obj, params, name = "gymnax", env, env.default_params, type(env).__name__
+        from tianji_jax.envs.wrappers import Wrapper
+
+        if isinstance(env, Wrapper):
+            name = env.name  # e.g. "CounterEnv|frame_stack=2"
     try:
         obs_space = from_gymnax_space(obj.observation_space(params))
         act_space = from_gymnax_space(obj.action_space(params))

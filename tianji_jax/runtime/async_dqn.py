@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tianji_jax.caches import register
 from tianji_jax.buffers import TrajectoryItem
 from tianji_jax.config import DQNConfig
-from tianji_jax.runtime.async_ppo import placement, resume_seed
+from tianji_jax.runtime.async_on_policy import placement, resume_seed
 from tianji_jax.runtime import dqn_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
 from tianji_jax.runtime.dqn_host import DQNHostActor

@@ -140,7 +140,7 @@ class DQNHostActor(HostActor):
         run_env_steps: ``() -> int``, env steps of the whole run so far (the linear epsilon schedule).
         timer: ``timer(name, t0)`` as :class:`HostActor`.
         seed: run seed the envs' seeds derive from (default ``config.seed``; a resumed run passes
-            :func:`~tianji_jax.runtime.async_ppo.resume_seed`'s).
+            :func:`~tianji_jax.runtime.async_on_policy.resume_seed`'s).
 
     Returns (per call):
         ``(((items, item_version, mask, stats), None), T * N)``: the first three placed by ``to_learner``

@@ -93,7 +93,7 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
         learner, rs, metrics = parts.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
         return learner, stack(rs), metrics
 
-    # check_vma=False: pmap semantics (see runtime/async_ppo.py): learn averages the gradients itself
+    # check_vma=False: pmap semantics (see runtime/async_on_policy.py): learn averages the gradients itself
     insert = jax.jit(jax.shard_map(insert_shard, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P("data"),
                                    check_vma=False), donate_argnums=0)
     learn = jax.jit(jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()),

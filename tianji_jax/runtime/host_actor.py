@@ -20,7 +20,7 @@ from tianji_jax.config import DQNConfig, PPOConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.runtime.chunker import TrajectoryChunker
 
-__all__ = ["HostActor", "host_env_seed", "make_host_evaluate", "ppo_host_actor", "fold_key"]
+__all__ = ["HostActor", "host_env_seed", "make_host_evaluate", "on_policy_host_actor", "fold_key"]
 
 
 def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
@@ -37,17 +37,18 @@ def fold_key(key: jax.Array, folds: tuple[int, ...]) -> jax.Array:
     return key
 
 
-def ppo_host_actor(config: PPOConfig, actor_id: int, device: Any, *, seed: int,
-                   timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
-                   run_env_steps: Callable[[], int] | None = None) -> "HostActor":
-    """PPO's host actor factory (``Algorithm.host_actor``, used by the remote Ray worker): a
-    :class:`HostActor` with PPO's policy jitted on ``device``, whose chunks are the chunker's
-    ``(T, N)`` trajectories as host numpy arrays. Key: PPO's actor key of ``config.seed`` folded
-    with ``key_folds``; envs seeded from ``seed``; ``run_env_steps`` is unused."""
-    from tianji_jax.runtime.anakin import compile_key
-    from tianji_jax.runtime.ppo_parts import PPOParts
+def on_policy_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
+                         timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
+                         run_env_steps: Callable[[], int] | None = None) -> "HostActor":
+    """The host actor factory of every on-policy algorithm (``Algorithm.host_actor``, used by the
+    remote Ray worker): a :class:`HostActor` with the config's agent's acting step
+    (:meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`) jitted on ``device``, whose chunks are
+    the chunker's ``(T, N)`` trajectories as host numpy arrays. Key: the agent's actor key of
+    ``config.seed`` folded with ``key_folds``; envs seeded from ``seed``; ``run_env_steps`` is
+    unused."""
+    from tianji_jax.runtime.anakin import make_agent
 
-    parts = PPOParts(compile_key(config))
+    parts = make_agent(config)
     key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
     return HostActor(config, jax.jit(parts.act), actor_id, key, device, lambda traj: traj, timer, seed=seed)
 
@@ -58,8 +59,8 @@ class HostActor:
     Args:
         config: the :class:`PPOConfig` or :class:`~tianji_jax.config.DQNConfig` (``env`` on a host
             backend; ``num_envs``, ``num_steps``, ``seed``, ``env_batch_size`` are read).
-        policy: jitted ``(params, obs (B, *obs), key) -> (env_action, action, log_prob, value, key)``
-            (:meth:`~tianji_jax.runtime.ppo_parts.PPOParts.act`).
+        policy: jitted ``(params, obs (B, *obs), key, version) -> (env_action, action, log_prob,
+            value, key)`` (:meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`).
         actor_id: index of this actor (seeds its envs and its key).
         key: the actor's PRNG key.
         actor_device: where the policy runs.
@@ -143,9 +144,10 @@ class HostActor:
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(env_action, action, log_prob, value)`` as host arrays for ``step``'s ``B`` envs:
-        the policy run on the actor device on ``step.obs`` (advances ``self.key``)."""
+        the policy of the current version run on the actor device on ``step.obs`` (advances
+        ``self.key``)."""
         env_action, action, log_prob, value, self.key = self.policy(
-            params, jax.device_put(step.obs, self.actor_device), self.key)
+            params, jax.device_put(step.obs, self.actor_device), self.key, np.int32(self._version))
         return jax.device_get((env_action, action, log_prob, value))
 
     def _discard(self) -> None:

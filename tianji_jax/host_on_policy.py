@@ -1,7 +1,8 @@
-"""PPO's part of the host loop: its evaluator (:func:`ppo_evaluator`), :func:`train_ppo` (what
-:func:`~tianji_jax.training.train` runs for a :class:`~tianji_jax.config.PPOConfig`), its metrics
-rows (:func:`ppo_row`) and the async runtime's host loop (:func:`run_async_ppo`). The pieces every
-algorithm shares are in :mod:`tianji_jax.host_loop`, looked up there at call time."""
+"""The on-policy data path's part of the host loop, for every on-policy algorithm (PPO, PQN, a
+registered one): its evaluator (:func:`on_policy_evaluator`), :func:`train_on_policy` (what
+:func:`~tianji_jax.training.train` runs for an on-policy config), its metrics rows
+(:func:`on_policy_row`) and the async runtime's host loop (:func:`run_async_on_policy`). The
+pieces every algorithm shares are in :mod:`tianji_jax.host_loop`, looked up there at call time."""
 
 from __future__ import annotations
 
@@ -14,43 +15,46 @@ import jax
 import numpy as np
 
 from tianji_jax import host_loop  # its functions looked up at call time, where tests patch them
-from tianji_jax.config import PPOConfig
+from tianji_jax.algos.on_policy_config import OnPolicyConfig
+from tianji_jax.algos.registry import agent_class_for, algorithm_for
 from tianji_jax.evaluation import EvalResult, make_evaluate
 from tianji_jax.profiling import timed
 from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
-from tianji_jax.runtime.anakin import PPOAnakin, PPOTrainState, compile_key, host_metrics, shared_train as make_train
+from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics,
+                                       shared_train as make_train)
 from tianji_jax.runtime.tail_compile import TailCompile
 
-__all__ = ["ppo_evaluator", "train_ppo", "ppo_row", "run_async_ppo"]
+__all__ = ["on_policy_evaluator", "train_on_policy", "on_policy_row", "run_async_on_policy"]
 
 
-def ppo_evaluator(config: PPOConfig, trainer: PPOAnakin, num_episodes: int):
+def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_episodes: int):
     """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` of ``config`` on
     ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
     ``trainer``'s network; compiled once per config and episode count."""
     if config.env_spec.on_host:  # envpool / gymnasium: episodes on a separate host env
         from tianji_jax.runtime.host_actor import make_host_evaluate
 
-        return make_host_evaluate(config, jax.jit(trainer.greedy), num_episodes)
-    return make_evaluate(config.env_spec, trainer.apply, trainer.continuous, num_episodes,
+        return make_host_evaluate(config, jax.jit(trainer.agent.greedy), num_episodes)
+    return make_evaluate(config.env_spec, trainer.agent.apply, trainer.agent.continuous, num_episodes,
                          config.normalize_observations, cache_key=(compile_key(config), num_episodes))
 
 
-def evaluate_ppo(config: PPOConfig, state: PPOTrainState, num_episodes: int, seed: int) -> EvalResult:
-    """:func:`~tianji_jax.training.evaluate` for a PPO train state: ``num_episodes`` episodes of
+def evaluate_on_policy(config: OnPolicyConfig, state: OnPolicyTrainState, num_episodes: int, seed: int) -> EvalResult:
+    """:func:`~tianji_jax.training.evaluate` for an on-policy train state: ``num_episodes`` episodes of
     the deterministic policy (argmax / mean action) with the state's observation statistics frozen,
     the evaluation envs' key from ``seed`` (arguments checked by the caller)."""
-    fn = ppo_evaluator(config, make_train(config), num_episodes)
+    fn = on_policy_evaluator(config, make_train(config), num_episodes)
     returns, lengths = jax.device_get(fn(state.params, state.obs_rms, jax.random.PRNGKey(seed)))
     return EvalResult(returns=np.asarray(returns, np.float64), lengths=np.asarray(lengths, np.int64))
 
 
-def train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
-              check_versions) -> TrainResult:
-    """:func:`~tianji_jax.training.train` for a :class:`~tianji_jax.config.PPOConfig`."""
+def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resume, checkpoint, tensorboard, wandb,
+                    check_versions) -> TrainResult:
+    """:func:`~tianji_jax.training.train` for an on-policy config (its registered algorithm's agent
+    on Anakin or the async runtime)."""
     if config.runtime == "async" and config.num_processes == 1:
-        from tianji_jax.runtime.async_ppo import placement
+        from tianji_jax.runtime.async_on_policy import placement
 
         # device errors before the run dir exists
         placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
@@ -61,33 +65,36 @@ def train_ppo(config: PPOConfig, *, run_dir, progress, callback, resume, checkpo
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
     remainder = num_updates % chunk_u
     tail = TailCompile(make_train(config, remainder).chunk) if remainder and config.runtime == "anakin" else None
-    evaluator = timed("eval", ppo_evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
+    evaluator = timed("eval", on_policy_evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
     derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
                "num_updates": num_updates, "env_steps": config.env_steps,
                "updates_per_chunk": chunk_u, "num_gradient_steps": config.num_gradient_steps}
-    files = RunFiles(config, "ppo", derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
+    algo = algorithm_for(config)
+    files = RunFiles(config, algo.name, derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
                      resumable=config.num_processes == 1 and config.num_learner_groups == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
 
-    display = host_loop.make_display(config, progress, "PPO")
+    display = host_loop.make_display(config, progress, algo.name.upper())
     emit = host_loop.make_emit(config, files, display, start, evaluator)
 
     def run() -> tuple[Any, bool]:
         if config.runtime == "async":
-            return run_async_ppo(config, files, emit, callback)
+            return run_async_on_policy(config, files, emit, callback)
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
         return host_loop.run_anakin(trainer, tail, state, int(state.learner.version), num_updates, chunk_u,
-                                    config.batch_size, lambda m, done, sps: ppo_row(config, m, done, sps), emit, files,
-                                    callback)
+                                    config.batch_size, lambda m, done, sps: on_policy_row(config, m, done, sps), emit,
+                                    files, callback)
 
     return host_loop.finish(files, display, run)
 
 
-def ppo_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps: float) -> dict[str, float]:
-    """A metrics row from the per-update metrics of a chunk (each an array over its updates)."""
+def on_policy_row(config: OnPolicyConfig, m: dict[str, np.ndarray], updates_done: int, sps: float
+                  ) -> dict[str, float]:
+    """A metrics row from the per-update metrics of a chunk (each an array over its updates): the
+    episode and lag columns, and the agent's ``ROW_METRICS`` averaged over the updates."""
     count = int(m["episode_count"].sum())
     row: dict[str, float] = {
         "env_steps": updates_done * config.global_batch_size,
@@ -101,33 +108,35 @@ def ppo_row(config: PPOConfig, m: dict[str, np.ndarray], updates_done: int, sps:
         "policy_lag_mean": float(np.mean(m["policy_lag_mean"])),
         "policy_lag_max": float(np.max(m["policy_lag_max"])),
     }
-    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+    agent = agent_class_for(config)
+    for k in agent.ROW_METRICS:
         row[k] = float(np.mean(m[k]))
+    row.update(agent.row_extra(config, m, updates_done))
     return row
 
 
-def run_async_ppo(config: PPOConfig, files: RunFiles, emit: Callable[..., bool],
+def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[..., bool],
                   callback: Callable[[dict[str, float]], None] | None = None):
     """The async host loop: rows every ``updates_per_chunk`` updates while actors and learner run.
 
-    After each row the checkpoint cut of that version (:meth:`AsyncPPO.cut`: the learner state,
+    After each row the checkpoint cut of that version (:meth:`AsyncOnPolicy.cut`: the learner state,
     each gymnax actor's state right after its newest consumed rollout, the queue's counters; host
     actors have no saved state) is checkpointed from the host loop; a resume continues from it."""
-    from tianji_jax.runtime.async_ppo import AsyncPPO
+    from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
-    ppo = AsyncPPO(config, restore=host_loop.async_restore(files.restored))
-    print(ppo.describe_placement(), file=sys.stderr, flush=True)
-    runner = ppo.runner
+    wired = AsyncOnPolicy(config, restore=host_loop.async_restore(files.restored))
+    print(wired.describe_placement(), file=sys.stderr, flush=True)
+    runner = wired.runner
 
     def extra() -> dict:
-        with ppo.timers_lock:
-            timers = dict(ppo.timers)
+        with wired.timers_lock:
+            timers = dict(wired.timers)
         # the learner state as published with this version and the actors' half of the cut (the
         # learner thread takes the snapshot right after publishing; the caller handles the event
         # later, when the learner and the actors may be ahead)
-        cut = ppo.cut()
-        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": ppo.lost_chunks,
-                "learner_states": list(ppo.learner_states), "cut": cut}
+        cut = wired.cut()
+        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": wired.lost_chunks,
+                "learner_states": list(wired.learner_states), "cut": cut}
 
     runner.extra_snapshot = extra
 
@@ -137,35 +146,35 @@ def run_async_ppo(config: PPOConfig, files: RunFiles, emit: Callable[..., bool],
         # one order)
         keyed = sorted(((runner.group_of(it.actor_id), v, p) for v, p, it in pending), key=lambda e: e[:2])
         m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for _, _, p in keyed])
-        row = ppo_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
-        row.update(host_loop.async_columns(config, snap, last, dt, ppo.timers))
+        row = on_policy_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
+        row.update(host_loop.async_columns(config, snap, last, dt, wired.timers))
         row.update({"consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
                     "reuse": float(config.update_epochs)})
         # exactly the version just published, whatever the learner does meanwhile; with learner
         # groups the publishing group's (actor g is its first actor: its params and obs_rms match)
         group = runner.group_of(pending[-1][2].actor_id)
         state_v = snap["learner_states"][group]
-        learner = _distributed_local(config, state_v) if ppo.multi else state_v
+        learner = _distributed_local(config, state_v) if wired.multi else state_v
         actors = snap["cut"]["actors"]  # the actors as this version's learner had consumed them
         # obs_rms lives on the actor device, params on the learner's: evaluate on the learner's
-        obs_rms = (jax.device_put(actors[group].obs_rms, ppo.eval_sharding if group == 0 else ppo.group_devices[group])
+        obs_rms = (jax.device_put(actors[group].obs_rms, wired.eval_sharding if group == 0 else wired.group_devices[group])
                    if actors[0] is not None else None)
-        saved = PPOTrainState(stack_actors(actors), learner)
+        saved = OnPolicyTrainState(stack_actors(actors), learner)
         meta = {"has_actor": actors[0] is not None,
                 "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
                 "async_counters": snap["cut"]["counters"], "learner_group": group}
         return host_loop.AsyncRow(row, learner.params, obs_rms, m["nonfinite_skips"],
-                                  jax.device_get(saved) if ppo.multi else saved, version * config.global_batch_size,
+                                  jax.device_get(saved) if wired.multi else saved, version * config.global_batch_size,
                                   meta)
 
     stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
-                                  total=config.num_updates, make_row=make_row, close=ppo.close)
+                                  total=config.num_updates, make_row=make_row, close=wired.close)
     # the threads have stopped; actor 0 as the final learner version consumed it
-    return PPOTrainState(ppo.consumed_actor_states[0], ppo.local_learner_state), stopped
+    return OnPolicyTrainState(wired.consumed_actor_states[0], wired.local_learner_state), stopped
 
 
-def _distributed_local(config: PPOConfig, state: Any) -> Any:
+def _distributed_local(config: OnPolicyConfig, state: Any) -> Any:
     """This process's local replica of a global learner state (multi-host runs)."""
-    from tianji_jax.runtime.async_ppo import _distributed
+    from tianji_jax.runtime.async_on_policy import _distributed
 
     return _distributed(config).local_replica(state)

@@ -1,6 +1,9 @@
-"""PPO on the async TianJi runtime: actors on one device, the learner on another.
+"""Every on-policy algorithm on the async TianJi runtime: actors on one device, the learner on
+another (the on-policy data path: a consume-once trajectory queue with the lag gate at
+consumption).
 
-gymnax actors run the same rollout Anakin fuses (:mod:`tianji_jax.runtime.ppo_parts`) on their
+The config's registered agent (:class:`~tianji_jax.algos.on_policy.OnPolicyAgent`: PPO, PQN, ...)
+supplies the functions; gymnax actors run the same rollout Anakin fuses on their
 device; envpool/gymnasium actors (:class:`~tianji_jax.runtime.host_actor.HostActor`) step the host
 env and run only the policy on their device. Either way they run in separate threads from the
 learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
@@ -20,17 +23,17 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tianji_jax.algos.on_policy import TRAJECTORY_KEYS, LearnerState, OnPolicyAgent
+from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
-from tianji_jax.config import PPOConfig
 from tianji_jax.runtime.async_runtime import AsyncRunner
 from tianji_jax.runtime.host_actor import HostActor
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
-from tianji_jax.runtime.ppo_parts import LearnerState, PPOParts
 
-__all__ = ["AsyncPPO", "placement", "resume_seed"]
+__all__ = ["AsyncOnPolicy", "placement", "resume_seed"]
 
-_JIT_CACHE: dict[Any, tuple[Any, Any, PPOParts]] = register({})
+_JIT_CACHE: dict[Any, tuple[Any, Any, Any, OnPolicyAgent]] = register({})
 _LOCK = threading.Lock()
 
 
@@ -63,7 +66,7 @@ def resume_seed(seed: int, env_steps: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(env_steps)]).generate_state(1)[0]) % 2**31
 
 
-def _distributed(config: PPOConfig):
+def _distributed(config: OnPolicyConfig):
     """The multi-host module, after checking this process joined the job ``config`` describes."""
     from tianji_jax.runtime import distributed as dist
 
@@ -81,11 +84,12 @@ def _traj_spec(key: str) -> P:
     return P("data") if key == "last_obs" else P(None, "data")
 
 
-class AsyncPPO:
-    """Wires PPO actors and a learner for one run.
+class AsyncOnPolicy:
+    """Wires the actors and the learner(s) of an on-policy algorithm for one run.
 
     Args:
-        config: a :class:`PPOConfig` with ``runtime='async'`` (not checked, so tests can reuse one).
+        config: an on-policy config (:class:`~tianji_jax.config.PPOConfig`, PQN's, ...) with
+            ``runtime='async'`` (not checked, so tests can reuse one).
         store: optional :class:`ParamStore` (fault injection in tests).
         restore: continue a run from a checkpoint cut (:meth:`cut`): a dict with ``"learner"``
             (a :class:`LearnerState`), ``"actors"`` (one :class:`ActorState` per actor for gymnax
@@ -120,8 +124,8 @@ class AsyncPPO:
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
     """
 
-    def __init__(self, config: PPOConfig, store: ParamStore | None = None, restore: dict | None = None):
-        from tianji_jax.runtime.anakin import compile_key
+    def __init__(self, config: OnPolicyConfig, store: ParamStore | None = None, restore: dict | None = None):
+        from tianji_jax.runtime.anakin import compile_key, make_agent
 
         self.config = config
         self.multi = config.num_processes > 1  # multi-host learners (runtime/distributed.py)
@@ -146,15 +150,13 @@ class AsyncPPO:
         key = (compile_key(config), tuple(d.id for d in self.global_learner_devices))
         with _LOCK:
             if key not in _JIT_CACHE:
-                parts = PPOParts(key[0])
+                parts = make_agent(key[0])
                 if self.mesh is None:
                     learn = jax.jit(parts.learn)
                 else:
-                    specs = {k: _traj_spec(k) for k in ("obs", "action", "log_prob", "value", "reward", "terminated",
-                                                        "truncated", "done", "final_obs", "episode_return",
-                                                        "episode_length", "policy_version", "last_obs")}
+                    specs = {k: _traj_spec(k) for k in TRAJECTORY_KEYS}
                     # check_vma=False: pmap semantics. With it on, the gradient w.r.t. replicated
-                    # params would already be summed over the axis, and ppo_update's pmean would then
+                    # params would already be summed over the axis, and the update's pmean would then
                     # return the sum of the replicas' gradients instead of their mean.
                     learn = jax.jit(jax.shard_map(partial(parts.learn, axis_name="data"), mesh=self.mesh,
                                                   in_specs=(P(), specs), out_specs=(P(), P()), check_vma=False))

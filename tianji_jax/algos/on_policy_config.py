@@ -1,0 +1,323 @@
+"""What every on-policy algorithm's config shares (:class:`OnPolicyConfig`): the run, the rollout
+and minibatch sizes, the optimizer, observation/reward normalisation, the network widths,
+evaluation, the runtime and the learner layout, with their checks and derived sizes.
+
+An on-policy algorithm (PPO, PQN) subclasses it with its own hyper-parameters and checks
+(:meth:`OnPolicyConfig._check_fields`, :meth:`OnPolicyConfig._check_env`); a subclass may
+redeclare a shared field to give it its own default. Imports nothing from
+:mod:`tianji_jax.runtime`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+import tyro
+
+from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
+                                    _plain_numbers, fields_in, layout, run, tianji)
+from tianji_jax import capabilities
+from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
+                                      _check_ray)
+from tianji_jax.envs.registry import EnvSpec, resolve_env
+
+__all__ = ["OnPolicyConfig"]
+
+
+@dataclass(frozen=True)
+class OnPolicyConfig(_AgentConfig):
+    """The fields and checks every on-policy algorithm's config shares (not registered itself).
+
+    All sizes are counts; all step counts are env steps (one transition of one environment).
+    Derived quantities are properties: ``batch_size`` (``num_envs * num_steps`` env steps per
+    update), ``minibatch_size``, ``num_updates`` (``total_env_steps // batch_size``), ``env_steps``
+    (``num_updates * batch_size``, the steps actually taken), ``updates_per_chunk``.
+
+    Raises:
+        ValueError: a value outside its allowed range, an unknown env id (with the closest known
+            ids), an action space the algorithm cannot handle, an unsupported (runtime, actors,
+            learners, env) cell, or ``num_envs * num_steps`` not divisible by
+            ``num_minibatches``. The message names the field, the value and what is allowed.
+        TypeError: a scalar of the wrong type (a whole float such as ``1e6`` in an int field
+            becomes an int, a list ``hidden_sizes`` a tuple).
+    """
+
+    ALGO: ClassVar[str] = ""
+    """The registered name (the capability table's ``algo``)."""
+
+    env: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
+                                       help_behavior_hint="(default: gymnax:CartPole-v1)")] = "gymnax:CartPole-v1"
+    """Environment: ``"gymnax:<id>"`` (or a bare gymnax id), ``"envpool:<id>"`` or
+    ``"gymnasium:<id>"`` (host envs, async runtime only), or a gymnax-style environment object
+    with ``reset(key, params)``, ``step(key, state, action, params)``, ``default_params``,
+    ``observation_space(params)`` and ``action_space(params)``."""
+    seed: int = run(0)
+    """Seed of the run's PRNG key; in [0, 2**32)."""
+    total_env_steps: int = 500_000
+    """Training budget in env steps (rounded down to a whole number of updates)."""
+    num_envs: int = 8
+    """Number of parallel training environments N."""
+    num_steps: int = 128
+    """Rollout length T: steps per env per update."""
+    update_epochs: int = 10
+    """Passes over each rollout batch."""
+    num_minibatches: int = 4
+    """Minibatches per epoch; must divide ``num_envs * num_steps``."""
+    learning_rate: float = 2.5e-4
+    """Adam step size (initial value when annealed)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over all gradient steps."""
+    gamma: float = 0.99
+    """Discount factor, in [0, 1]."""
+    max_grad_norm: float = 0.5
+    """Global-norm gradient clipping threshold, > 0."""
+    normalize_observations: bool = False
+    """Normalise observations by running mean/std kept in the train state."""
+    scale_rewards: bool = False
+    """Divide rewards by the running std of the discounted return (kept in the train state)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the separate actor and critic MLPs."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation."""
+    eval_every_env_steps: int = 25_000
+    """Evaluate every this many env steps (rounded to whole updates); also the logging interval."""
+    eval_episodes: int = 10
+    """Episodes per evaluation with the deterministic policy; 0 disables evaluation."""
+    stop_at_return: float | None = run(None)
+    """Stop early once ``eval_return_mean`` reaches this value (needs ``eval_episodes > 0``)."""
+    runtime: Literal["anakin", "async"] = "anakin"
+    """'anakin': acting and learning fused on one device; 'async': actor threads and a learner on
+    different devices, decoupled through the lag-bounded trajectory queue (TianJi mode)."""
+    schedule: Literal["sync", "one_step", "relaxed"] = tianji("relaxed")
+    """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
+    'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag)."""
+    max_policy_lag: int | None = tianji(None)
+    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed).
+    With admission control the queue also caps it: one actor sees lag <= min(K, queue_batches)."""
+    num_actors: int = tianji(1)
+    """Async actor threads, each with its own num_envs envs ('sync'/'one_step' need 1)."""
+    queue_batches: int = tianji(2)
+    """Trajectories that may wait between actors and learner (>= 2: the rate limiter's deadlock rule)."""
+    stall_timeout_s: float = tianji(60.0)
+    """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long
+    (seconds; 300 s more until the other side's first result, which includes its compilation)."""
+    max_nonfinite_updates: int = run(5)
+    """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
+    is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
+    env_batch_size: int | None = layout(None)
+    """envpool only: envs per received batch; below ``num_envs`` envpool runs in async mode (the
+    actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
+    num_learner_devices: int = layout(1)
+    """Async: data-parallel learner replicas (the last ``num_learner_devices`` devices; the actors
+    keep the first). Each replica gets ``num_envs / num_learner_devices`` env columns of every
+    trajectory; gradients are averaged, advantage statistics are global."""
+    num_learner_groups: int = layout(1)
+    """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
+    device with its own optimizer state, policy version and lag-bounded queue, fed by
+    ``num_actors / G`` of the actors (actor i feeds group i % G, and acts with that group's
+    params, so policy lag is measured against the group that produced the params); every
+    ``sync_every`` updates of their own the groups average their params. ``num_updates`` counts
+    all groups' updates (each group runs ``num_updates / G`` with its own learning-rate
+    schedule). Not combined with ``num_learner_devices > 1`` (per-step gradient averaging inside
+    a group), multi-host runs or resume yet."""
+    sync_every: int = layout(1)
+    """Learner groups: each group's updates between param averagings (and always at its last
+    update, so a run ends with one set of params). Needs ``num_learner_groups > 1``."""
+    num_processes: int = layout(1)
+    """Async, multi-host (jax.distributed): processes in the job. Each runs this config's actors and
+    contributes one trajectory of num_envs x num_steps steps to every global update (global batch
+    num_processes x num_envs x num_steps; total_env_steps counts all processes' steps)."""
+    process_id: int = layout(0)
+    """This process's index in 0..num_processes-1 (SLURM: $SLURM_PROCID)."""
+    coordinator: str | None = layout(None)
+    """'HOST:PORT' of process 0's coordination service (needed when num_processes > 1)."""
+    heartbeat_timeout_s: int = layout(60)
+    """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
+    a collective update that makes no progress for this long + 30 s also ends the process."""
+    actor_backend: Literal["threads", "ray"] = layout("threads")
+    """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
+    actor processes on Ray Core (any node of a Ray cluster; TianJi's actor/learner role split),
+    each with its own num_envs envs and a CPU policy copy, feeding this learner through the same
+    admission, lag gate and rate limiter (needs ``pip install tianji-jax[ray]``)."""
+    ray_address: str | None = layout(None)
+    """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
+    process's Ray connection or starts a private local instance on 127.0.0.1."""
+    ray_max_restarts: int = layout(3)
+    """actor_backend='ray': times Ray restarts each dead actor (its lost rollout is counted in
+    ``lost_chunks``); one more death stops the run with an error."""
+
+
+    def __post_init__(self) -> None:
+        _plain_numbers(self)
+        _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+        for name in ("total_env_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
+                     "eval_every_env_steps"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
+        _check_int("eval_episodes", self.eval_episodes, minimum=0)
+        _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
+        _check_float("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        _check_float("gamma", self.gamma, low=0.0, high=1.0)
+        _check_float("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
+        for name in ("anneal_lr", "normalize_observations", "scale_rewards"):
+            _check_bool(name, getattr(self, name))
+        if (not isinstance(self.hidden_sizes, tuple) or len(self.hidden_sizes) == 0
+                or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden_sizes)):
+            raise ValueError(
+                f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        if self.stop_at_return is not None:
+            _check_float("stop_at_return", self.stop_at_return)
+            if self.eval_episodes == 0:
+                raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
+        if self.runtime not in ("anakin", "async"):
+            raise ValueError(f"runtime must be one of ('anakin', 'async'), got {self.runtime!r}")
+        if self.schedule not in ("sync", "one_step", "relaxed"):
+            raise ValueError(f"schedule must be one of ('sync', 'one_step', 'relaxed'), got {self.schedule!r}")
+        _check_int("num_actors", self.num_actors, minimum=1)
+        _check_int("queue_batches", self.queue_batches, minimum=2)
+        _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
+        if self.max_policy_lag is not None:
+            _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
+        lag = self.policy_lag_bound
+        if self.schedule == "sync" and lag != 0:
+            raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {lag}")
+        if self.schedule == "one_step" and lag < 1:
+            raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {lag}")
+        _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
+        _check_int("sync_every", self.sync_every, minimum=1)
+        groups = self.num_learner_groups
+        if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != groups:
+            raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule {self.schedule!r}, "
+                             f"got {self.num_actors}; use schedule 'relaxed' for several actors per group")
+        if self.batch_size % self.num_minibatches != 0:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
+                f"{self.num_envs} * {self.num_steps} = {self.batch_size}; allowed values: "
+                f"{_divisors(self.batch_size)}")
+        self._check_fields()
+        if self.total_env_steps < self.batch_size:
+            raise ValueError(
+                f"total_env_steps={self.total_env_steps} must be >= num_envs * num_steps = "
+                f"{self.batch_size} (one update)")
+        spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
+        if isinstance(self.env, str) and ":" not in self.env:
+            object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
+        self._check_env(spec)
+        _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
+        _check_int("num_processes", self.num_processes, minimum=1)
+        if self.actor_backend not in ("threads", "ray"):
+            raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
+        capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
+        _check_host_fields(self, spec)
+        if self.num_learner_devices > 1:
+            ld = self.num_learner_devices
+            if self.num_envs % ld or (self.batch_size // ld) % self.num_minibatches:
+                raise ValueError(
+                    f"num_learner_devices={ld} must divide num_envs={self.num_envs} (each replica takes whole env "
+                    f"columns) and leave a shard of {self.batch_size}/{ld} steps divisible by "
+                    f"num_minibatches={self.num_minibatches}; allowed values: "
+                    f"{[d for d in range(1, self.num_envs + 1) if self.num_envs % d == 0 and (self.batch_size // d) % self.num_minibatches == 0]}")
+        _check_distributed(self)
+        _check_ray(self, spec)
+        _check_learner_groups(self)
+        _check_async_only(self, fields_in(self, "tianji"))
+        object.__setattr__(self, "_env_spec", spec)
+
+    def _check_fields(self) -> None:
+        """The algorithm's own field checks (after the shared scalar and batch checks).
+
+        Raises:
+            ValueError / TypeError: naming the field, the value and what is allowed."""
+
+    def _check_env(self, spec: EnvSpec) -> None:
+        """The algorithm's check of the resolved env (e.g. the action spaces it handles).
+
+        Raises:
+            ValueError: naming the env's space and what is allowed."""
+
+    # ---- derived quantities -------------------------------------------------------------------
+    @property
+    def env_spec(self) -> EnvSpec:
+        """The resolved environment (backend, id, env object, params, spaces)."""
+        return self._env_spec  # type: ignore[attr-defined]
+
+    @property
+    def policy_lag_bound(self) -> int:
+        """K: ``max_policy_lag``, or the schedule's default (sync 0, one_step 1, relaxed 2)."""
+        if self.max_policy_lag is not None:
+            return self.max_policy_lag
+        return {"sync": 0, "one_step": 1, "relaxed": 2}.get(self.schedule, 0)
+
+    @property
+    def batch_size(self) -> int:
+        """Env steps per update and process: ``num_envs * num_steps`` (one trajectory)."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def global_batch_size(self) -> int:
+        """Env steps per update over all processes: ``num_processes * batch_size``."""
+        return self.num_processes * self.batch_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Transitions per minibatch: ``batch_size // num_minibatches``."""
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        """Number of updates (rollout + epochs): ``total_env_steps // global_batch_size``,
+        rounded down to a multiple of ``num_learner_groups`` (all groups' updates together)."""
+        groups = self.num_learner_groups
+        return self.total_env_steps // self.global_batch_size // groups * groups
+
+    @property
+    def updates_per_group(self) -> int:
+        """Updates each learner group runs: ``num_updates // num_learner_groups`` (all of them
+        with one group)."""
+        return self.num_updates // self.num_learner_groups
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps that will actually be taken (all processes): ``num_updates * global_batch_size``."""
+        return self.num_updates * self.global_batch_size
+
+    @property
+    def num_gradient_steps(self) -> int:
+        """Optimizer steps in the whole run: ``num_updates * update_epochs * num_minibatches``."""
+        return self.num_updates * self.update_epochs * self.num_minibatches
+
+    @property
+    def updates_per_chunk(self) -> int:
+        """Updates fused into one compiled chunk: ``max(1, eval_every_env_steps // batch_size)``,
+        at most ``num_updates``."""
+        return min(self.num_updates, max(1, self.eval_every_env_steps // self.global_batch_size))
+
+    def _describe_sizes(self) -> str:
+        """The sizes part of ``describe()``: updates, batch, minibatches, chunks, evaluation."""
+        return (f"{self.num_updates} updates x "
+                f"{self.batch_size} env steps (num_envs={self.num_envs} x num_steps={self.num_steps}) = "
+                f"{self.env_steps} env steps; {self.update_epochs} epochs x {self.num_minibatches} "
+                f"minibatches of {self.minibatch_size} = {self.num_gradient_steps} gradient steps; "
+                f"chunks of {self.updates_per_chunk} updates"
+                + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else ""))
+
+    def _describe_runtime(self) -> str:
+        """The runtime part of ``describe()``: Anakin or the async runtime, Ray, groups, processes."""
+        return ((f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
+                 f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
+                + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
+                   if self.actor_backend == "ray" else "")
+                + (f"; {self.num_learner_groups} learner groups of {self.updates_per_group} updates each, params "
+                   f"averaged every {self.sync_every} updates" if self.num_learner_groups > 1 else "")
+                + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
+                   f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
+                   f"{self.global_batch_size}" if self.num_processes > 1 else ""))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

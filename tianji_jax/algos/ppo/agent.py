@@ -1,0 +1,151 @@
+"""PPO's agent (:class:`PPOAgent`): its network, acting step and learner update, on the shared
+on-policy actor (:class:`~tianji_jax.algos.on_policy.OnPolicyAgent`).
+
+Anakin fuses the rollout and the update in one compiled loop; the async runtime runs them on
+different devices and threads. Both use these same functions, so the ``sync`` schedule
+reproduces Anakin exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from tianji_jax.algos import distributions
+from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metrics
+from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.algos.ppo.math import PPOBatch, gae, make_optimizer, ppo_update, vtrace
+from tianji_jax.networks import ActorCritic, check_network, choose_torso
+
+__all__ = ["PPOAgent", "make_network"]
+
+
+def make_network(config: PPOConfig) -> ActorCritic:
+    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box), its torso
+    chosen from the observation's layout and size (:func:`~tianji_jax.networks.choose_torso`).
+
+    Raises:
+        ValueError: the network's parameters would hold a zero-size array for this observation
+            shape (:func:`~tianji_jax.networks.check_network`).
+    """
+    spec = config.env_spec
+    continuous = spec.action_kind == "continuous"
+    action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
+    shape = tuple(spec.observation_shape)
+    network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
+                          activation=config.activation, torso=choose_torso(shape), obs_shape=shape)
+    check_network(network, shape, spec.observation_space.dtype)
+    return network
+
+
+class PPOAgent(OnPolicyAgent):
+    """Pure PPO actor and learner functions for one config (not jitted here; callers jit).
+
+    Acting samples the categorical / Gaussian policy (``log_prob`` and ``value`` of the
+    trajectory are the behaviour policy's); :meth:`learn` is one PPO update (Schulman et al.
+    2017) with GAE (Schulman et al. 2016) or V-trace (Espeholt et al. 2018).
+
+    Raises:
+        ValueError: the network cannot take this env's observations (see :func:`make_network`).
+    """
+
+    ROW_METRICS: ClassVar[tuple[str, ...]] = ("policy_loss", "value_loss", "entropy", "approx_kl",
+                                              "clip_fraction", "grad_norm")
+
+    def __init__(self, config: PPOConfig):
+        super().__init__(config)
+        self.network = make_network(config)
+        self.tx = make_optimizer(
+            config.learning_rate, config.max_grad_norm,
+            config.num_updates if config.anneal_lr else None,
+            config.update_epochs * config.num_minibatches)
+
+    def apply(self, params: Any, obs: jax.Array):
+        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))``."""
+        return self.network.apply(params, obs)
+
+    def policy(self, params: Any, obs: jax.Array, key: jax.Array, version: jax.Array):
+        """Sample the policy: ``(env_action, action, log_prob (B,), value (B,))``; ``env_action``
+        is ``action`` clipped to the Box bounds (continuous), the learner's ratio uses ``action``;
+        ``version`` is unused."""
+        actor_out, value = self.apply(params, obs)
+        action = distributions.sample(key, actor_out, self.continuous)
+        log_prob = distributions.log_prob(actor_out, action, self.continuous)
+        return self.env_action(action), action, log_prob, value
+
+    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Deterministic env action for evaluation on host envs: argmax (Discrete) or the clipped
+        Gaussian mean (Box) for raw ``obs (B, *obs_shape)``."""
+        actor_out, _ = self.apply(params, jnp.asarray(obs, jnp.float32))
+        return self.env_action(distributions.mode(actor_out, self.continuous))
+
+    def init_learner(self, key: jax.Array) -> LearnerState:
+        """Initialise params and optimizer; version 0."""
+        key, k_net = jax.random.split(key)
+        dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
+        params = self.network.init(k_net, dummy)
+        return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
+
+    def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
+              ) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """One PPO update on a trajectory ``(T, N)``; the version is incremented (one publication).
+
+        With ``axis_name`` (data-parallel learners under ``shard_map``), ``traj`` is this replica's
+        shard of the env axis ``N`` (GAE runs per env column, so columns never need each other),
+        each replica permutes its shard with its own key (the replicated ``LearnerState.key``
+        folded with the axis index), advantage statistics are global, gradients are averaged,
+        and the metrics are reduced over the axis (sums summed, maxima maxed, means averaged), so
+        the returned state and metrics are identical on every replica.
+
+        V is recomputed with the learner's current params before GAE; the ratio uses the stored
+        behaviour log-probs, so stale data (lag > 0) is corrected by PPO's clipped ratio. With
+        ``advantage_estimator='vtrace'`` the advantages and value targets come from
+        :func:`~tianji_jax.algos.ppo.vtrace` (rho_bar = c_bar = 1, traces scaled by ``gae_lambda``)
+        with the importance ratios of the learner's current policy over the behaviour policy.
+        Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
+        ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
+
+        Args:
+            learner: the learner's state.
+            traj: a :meth:`rollout` trajectory, leaves ``(T, N, ...)`` plus ``last_obs``
+                ``(N, *obs_shape)`` (this replica's ``N`` columns with ``axis_name``).
+            axis_name: the mapped axis of data-parallel learners, or None.
+
+        Returns:
+            ``(learner, metrics)``: the new :class:`LearnerState` (version + 1) and a dict of
+            scalars: ``episode_return_sum``, ``episode_length_sum``, ``policy_lag_mean`` (float32),
+            ``episode_count``, ``policy_lag_max`` (int32), the :func:`~tianji_jax.algos.ppo.ppo_loss`
+            metrics and ``grad_norm``.
+        """
+        cfg = self.config
+        t, n = traj["reward"].shape
+        flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
+        actor_out, values = self.apply(learner.params, flat(traj["obs"]))
+        _, last_value = self.apply(learner.params, traj["last_obs"])
+        _, final_values = self.apply(learner.params, flat(traj["final_obs"]))
+        values = values.reshape((t, n))
+        if cfg.advantage_estimator == "vtrace":  # off-policy correction of stale samples (IMPALA)
+            log_rhos = distributions.log_prob(actor_out, flat(traj["action"]), self.continuous) - flat(traj["log_prob"])
+            advantages, returns = vtrace(traj["reward"], values, last_value, final_values.reshape((t, n)),
+                                         traj["terminated"], traj["truncated"], log_rhos.reshape((t, n)), cfg.gamma,
+                                         cfg.gae_lambda)
+        else:
+            advantages, returns = gae(traj["reward"], values, last_value, final_values.reshape((t, n)),
+                                      traj["terminated"], traj["truncated"], cfg.gamma, cfg.gae_lambda)
+        batch = PPOBatch(obs=flat(traj["obs"]), actions=flat(traj["action"]), log_probs=flat(traj["log_prob"]),
+                         values=flat(values), advantages=flat(advantages), returns=flat(returns))
+        key, k_update = jax.random.split(learner.key)
+        if axis_name is not None:
+            k_update = jax.random.fold_in(k_update, jax.lax.axis_index(axis_name))
+        params, opt_state, loss_metrics = ppo_update(
+            k_update, learner.params, learner.opt_state, batch, apply_fn=self.apply, tx=self.tx,
+            update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
+            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
+                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
+                             normalize_advantages=cfg.normalize_advantages),
+            axis_name=axis_name)
+        metrics = episode_metrics(traj, learner.version, axis_name)
+        metrics.update(loss_metrics)  # already averaged (skips: already global) over the axis by ppo_update
+        return LearnerState(params, opt_state, key, learner.version + 1), metrics
