@@ -40,3 +40,16 @@ def test_layers_import_nothing_above_them(modules, forbidden):
 def test_no_module_over_500_lines():
     long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+def test_importing_the_package_does_not_start_jax():
+    """Multi-host processes join jax.distributed before JAX's backend starts: importing tianji_jax
+    (and every built-in algorithm's config) must not start it (importing gymnax does, so it is
+    imported lazily)."""
+    import subprocess
+    import sys
+
+    code = ("import tianji_jax, tianji_jax.cli, tianji_jax.algos.pqn.config, tianji_jax.algos.dqn.config\n"
+            "from jax._src import xla_bridge\nprint(xla_bridge.backends_are_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -40,11 +40,12 @@ def user_algo():
 
 
 def test_built_ins_and_their_data_paths():
-    assert tj.algorithm_names()[:2] == ("ppo", "dqn")
+    assert tj.algorithm_names()[:3] == ("ppo", "pqn", "dqn")
+    assert registry.get_algorithm("pqn").data_path == "on_policy"
     assert registry.get_algorithm("ppo").data_path == "on_policy"
     assert registry.get_algorithm("dqn").data_path == "replay"
     assert registry.algorithm_for(tj.DQNConfig()).name == "dqn"
-    with pytest.raises(ValueError, match=r"algo must be one of \('ppo', 'dqn'.*got 'nope'"):
+    with pytest.raises(ValueError, match=r"algo must be one of \('ppo', 'pqn', 'dqn'.*got 'nope'"):
         registry.get_algorithm("nope")
 
 
@@ -119,5 +120,5 @@ def test_a_broken_plugin_is_skipped_with_a_warning(monkeypatch):
     monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", [False])
     with pytest.warns(RuntimeWarning, match=r"entry point 'broken' skipped: ImportError: No module named 'nothere'"):
         names = tj.algorithm_names()
-    assert names[:2] == ("ppo", "dqn") and "broken" not in names
+    assert names[:3] == ("ppo", "pqn", "dqn") and "broken" not in names
     assert registry.algorithm_for(tj.PPOConfig()).name == "ppo"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-import gymnax.environments.spaces as gspaces
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +42,15 @@ _INTERFACE = ("reset", "step", "default_params", "observation_space", "action_sp
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+
+def _gspaces():
+    """gymnax's spaces module, imported on first use: importing gymnax starts JAX's backend, which
+    must not happen at import (multi-host processes join ``jax.distributed`` before it starts)."""
+    import gymnax.environments.spaces as gspaces
+
+    return gspaces
 
 
 class Wrapper:
@@ -147,7 +155,7 @@ class ObservationMask(Wrapper):
     def __init__(self, env: Any, keep: Sequence[int]):
         super().__init__(env)
         space = env.observation_space(env.default_params)
-        shape = tuple(int(s) for s in space.shape) if isinstance(space, gspaces.Box) else None
+        shape = tuple(int(s) for s in space.shape) if isinstance(space, _gspaces().Box) else None
         allowed = (f"allowed: distinct integer indices in 0..{shape[0] - 1}" if shape and len(shape) == 1
                    else "allowed: a 1-D Box observation")
         keep_t = tuple(keep) if isinstance(keep, (tuple, list)) else keep
@@ -187,12 +195,12 @@ class ObservationMask(Wrapper):
         info = {**info, "final_observation": self._mask(info["final_observation"])}
         return self._mask(obs), state, reward, terminated, truncated, info
 
-    def observation_space(self, params: Any) -> gspaces.Box:
+    def observation_space(self, params: Any) -> Any:
         """Box of shape ``(len(keep),)`` with the kept components' bounds and the inner dtype."""
         space = self._env.observation_space(params)
         low = np.broadcast_to(np.asarray(space.low, np.float64), space.shape)[self._index]
         high = np.broadcast_to(np.asarray(space.high, np.float64), space.shape)[self._index]
-        return gspaces.Box(low, high, (len(self.keep),), space.dtype)
+        return _gspaces().Box(low, high, (len(self.keep),), space.dtype)
 
 
 @struct.dataclass
@@ -237,7 +245,7 @@ class FrameStack(Wrapper):
         if not _is_int(num_frames) or num_frames < 1:
             raise ValueError(f"FrameStack: num_frames={num_frames!r}; allowed: an integer >= 1")
         space = env.observation_space(env.default_params)
-        if not isinstance(space, gspaces.Box):
+        if not isinstance(space, _gspaces().Box):
             raise ValueError(f"FrameStack: observation space {type(space).__name__} is not a Box; allowed: a Box")
         self.num_frames = int(num_frames)
         self._concat = len(space.shape) == 1
@@ -273,7 +281,7 @@ class FrameStack(Wrapper):
         info = {**info, "final_observation": self._stack(continued)}
         return self._stack(frames), FrameStackState(env_state, frames), reward, terminated, truncated, info
 
-    def observation_space(self, params: Any) -> gspaces.Box:
+    def observation_space(self, params: Any) -> Any:
         """Box of the stacked shape (see the class docstring); the older slots' bounds include 0."""
         space = self._env.observation_space(params)
         shape = tuple(int(s) for s in space.shape)
@@ -283,7 +291,7 @@ class FrameStack(Wrapper):
         low = np.stack([np.minimum(low, 0.0)] * older + [low])
         high = np.stack([np.maximum(high, 0.0)] * older + [high])
         low, high = self._stack(low, np), self._stack(high, np)
-        return gspaces.Box(low, high, low.shape, space.dtype)
+        return _gspaces().Box(low, high, low.shape, space.dtype)
 
 
 class ClipAction(Wrapper):
@@ -300,7 +308,7 @@ class ClipAction(Wrapper):
     def __init__(self, env: Any):
         super().__init__(env)
         space = env.action_space(env.default_params)
-        if not isinstance(space, gspaces.Box):
+        if not isinstance(space, _gspaces().Box):
             raise ValueError(f"ClipAction: action space {type(space).__name__} is not a Box; allowed: a Box "
                              "(continuous) action space")
 
