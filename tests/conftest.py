@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import threading
 
 import jax
 import pytest
+
+# One persistent compilation cache for the whole test session, shared by its child processes
+# (subprocess tests, the Ray child pytest inherit the variable), so a config compiled in one
+# process is loaded from disk in the next. Fresh per session (not ~/.cache/tianji_jax/xla): a test
+# run neither reads a warm cache left by an earlier one nor fills the user's. An explicit
+# TIANJI_COMPILATION_CACHE_DIR / JAX_COMPILATION_CACHE_DIR / TIANJI_COMPILATION_CACHE=0 wins.
+# Set before tianji_jax is imported: it reads the variables once, at import.
+if not any(os.environ.get(v) for v in ("TIANJI_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")):
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="tianji-test-xla-")
+    os.environ["TIANJI_COMPILATION_CACHE_DIR"] = _SESSION_CACHE
+    atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0

@@ -109,7 +109,10 @@ def test_train_prints_a_summary_line_when_stderr_is_not_a_terminal(cli_run, tmp_
     assert len(lines) == 1, lines
     evals = result.curve["eval_return_mean"]
     assert lines[0].startswith("tianji_jax.train: done: 512 env steps in "), lines
-    assert f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}; run dir {tmp_path / 'run'}" in lines[0]
+    spent = int(result.curve["eval_env_steps"][-1])  # 2 evaluations of 2 episodes
+    assert spent == int(np.sum(2 * result.curve["eval_return_mean"]))  # CartPole: return = length
+    assert (f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}; evaluation: {spent:,} env steps "
+            f"({100 * spent / 512:.0f}% of training's); run dir {tmp_path / 'run'}") in lines[0], lines
 
 
 def test_evaluate_names_a_config_that_does_not_match_the_state():

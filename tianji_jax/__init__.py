@@ -9,8 +9,12 @@ Public API::
     tj.evaluate(config, result.state, num_episodes=10)
 """
 
+# First: JAX's persistent compilation cache (sets jax.config options only; starts no backend).
+from tianji_jax.caches import cache_dir, clear_caches, enable_persistent_cache
+
+enable_persistent_cache()
+
 from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm
-from tianji_jax.caches import clear_caches
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, PQNConfig, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.runtime.anakin import OnPolicyAnakin, OnPolicyTrainState, PPOAnakin, PPOTrainState, make_train
@@ -24,6 +28,6 @@ __all__ = [
     "EvalResult", "METRIC_COLUMNS", "__version__",
     "PQNConfig", "OnPolicyTrainState", "OnPolicyAnakin",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
-    "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches",
+    "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches", "cache_dir",
     "Algorithm", "register_algorithm", "algorithm_names",
 ]

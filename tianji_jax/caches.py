@@ -1,4 +1,5 @@
-"""One switch for every compiled-function cache: tianji's per-config caches and JAX's own.
+"""One switch for every compiled-function cache: tianji's per-config caches, JAX's own, and JAX's
+persistent (on-disk) compilation cache.
 
 tianji_jax keeps compiled trainers, learners and evaluators per config so that a second
 ``train`` with the same config compiles nothing. Every XLA CPU executable also holds a few
@@ -6,16 +7,44 @@ memory mappings, and Linux caps mappings per process (``vm.max_map_count``, 6553
 a long-lived process that compiles thousands of different configs (a sweep in one Jupyter
 kernel, a test session) can reach the cap, after which the next compilation crashes the process
 with a segmentation fault inside LLVM. :func:`clear_caches` frees them.
+
+Compile once per machine: importing ``tianji_jax`` calls :func:`enable_persistent_cache`, which
+points JAX's persistent compilation cache at a per-user directory, so a second *process* (the
+next ``tianji train``, a sweep's next run, a notebook restart) loads each executable from disk
+instead of compiling it again. Environment variables (read once, when ``tianji_jax`` is imported):
+
+* ``TIANJI_COMPILATION_CACHE=0`` -- off (also ``false``/``off``/``no``).
+* ``TIANJI_COMPILATION_CACHE_DIR`` -- the directory; default ``$XDG_CACHE_HOME/tianji_jax/xla``,
+  else ``~/.cache/tianji_jax/xla``.
+* ``TIANJI_COMPILATION_CACHE_MAX_BYTES`` -- size bound in bytes, least recently used entries
+  evicted first; default 2 GiB; ``-1`` for no bound.
+* A user's own JAX setting wins: with ``JAX_COMPILATION_CACHE_DIR`` set (or
+  ``jax.config.update("jax_compilation_cache_dir", ...)`` called before the import) tianji_jax
+  changes none of JAX's cache options.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
 from typing import Any, MutableMapping
 
-__all__ = ["clear_caches", "register"]
+__all__ = ["clear_caches", "register", "enable_persistent_cache", "cache_dir", "default_cache_dir"]
 
 _REGISTERED: list[MutableMapping[Any, Any]] = []
+
+ENV_SWITCH = "TIANJI_COMPILATION_CACHE"
+ENV_DIR = "TIANJI_COMPILATION_CACHE_DIR"
+ENV_MAX_BYTES = "TIANJI_COMPILATION_CACHE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 2 * 1024**3
+_OFF = ("0", "false", "off", "no")
+# The directory enable_persistent_cache set (None: off, or the user's own JAX setting is in use).
+_TIANJI_DIR: Path | None = None
 
 
 def register(cache: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:
@@ -25,13 +54,140 @@ def register(cache: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:
     return cache
 
 
-def clear_caches() -> None:
-    """Drop every compiled function tianji_jax and JAX hold (``jax.clear_caches()``), so their
-    executables and memory mappings are freed. The next ``train``/``make_train`` recompiles.
-    Do not call it while a run is in progress in another thread."""
+def clear_caches(disk: bool = False) -> None:
+    """Drop every compiled function tianji_jax and JAX hold in memory (``jax.clear_caches()``), so
+    their executables and memory mappings are freed. The next ``train``/``make_train`` recompiles
+    -- or, with the persistent cache on (:func:`cache_dir`), loads the executables from disk.
+
+    The on-disk cache is left alone unless ``disk=True``: then every entry of the persistent
+    cache directory is deleted too, but only when that directory is tianji_jax's own (set by
+    :func:`enable_persistent_cache`); a directory the user gave JAX (``JAX_COMPILATION_CACHE_DIR``)
+    is never deleted from (a ``RuntimeWarning`` says so). Do not call it while a run is in
+    progress in another thread."""
     import jax
 
     for cache in _REGISTERED:
         cache.clear()
     jax.clear_caches()
     gc.collect()
+    if disk:
+        _clear_disk()
+
+
+def default_cache_dir() -> Path:
+    """The default persistent-cache directory: ``$XDG_CACHE_HOME/tianji_jax/xla``, or
+    ``~/.cache/tianji_jax/xla`` when ``XDG_CACHE_HOME`` is unset or empty."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tianji_jax" / "xla"
+
+
+def cache_dir() -> Path | None:
+    """The directory JAX's persistent compilation cache uses in this process (tianji_jax's or the
+    user's own ``JAX_COMPILATION_CACHE_DIR``), or None when the cache is off."""
+    import jax
+
+    path = jax.config.jax_compilation_cache_dir
+    if not path or not jax.config.jax_enable_compilation_cache:
+        return None
+    return Path(path)
+
+
+def enable_persistent_cache() -> Path | None:
+    """Turn JAX's persistent compilation cache on in a per-user directory; returns the active
+    directory (:func:`cache_dir`), None when off. Called once by ``import tianji_jax``; starts no
+    JAX backend (it only sets ``jax.config`` options). See the module docstring for the
+    environment variables.
+
+    Sets ``jax_compilation_cache_dir``; ``jax_persistent_cache_min_compile_time_secs=0`` and
+    ``jax_persistent_cache_min_entry_size_bytes=-1`` (JAX: "disable the size restriction"), so
+    every compilation is cached, the small ones too; ``jax_compilation_cache_max_size``
+    (least-recently-used eviction). Each of these is left as it is when the user set it through
+    its ``JAX_...`` environment variable, and none is touched when the user already chose a
+    cache directory for JAX.
+
+    When the directory cannot be created or written: one ``RuntimeWarning`` naming it and
+    ``TIANJI_COMPILATION_CACHE_DIR``, and the cache stays off -- never an exception.
+
+    Several processes may share the directory at once (JAX >= 0.10): one file per entry, keyed
+    by a hash of the program, jaxlib version, platform, XLA flags, compile options and devices;
+    with a size bound, JAX's ``LRUCache`` takes an inter-process file lock (``filelock``, on
+    ``<dir>/.lockfile``) around every read, write and eviction, so no process reads a half-written
+    entry. Entry writes themselves are not atomic renames: without the ``filelock`` package (or
+    with ``TIANJI_COMPILATION_CACHE_MAX_BYTES=-1``) there is no lock and no bound, and a read
+    racing a write fails its zlib/zstd check, which JAX turns into a warning and a recompilation,
+    never a wrong executable. Only trust a directory no one else can write to: JAX loads
+    executables from it."""
+    global _TIANJI_DIR
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:  # the user's own JAX configuration: leave it alone
+        return cache_dir()
+    if os.environ.get(ENV_SWITCH, "").strip().lower() in _OFF:
+        return None
+    path = Path(os.environ.get(ENV_DIR) or default_cache_dir()).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        warnings.warn(f"tianji_jax: the compilation cache directory {path} cannot be created or written "
+                      f"({type(e).__name__}: {e}); compiled code is not cached on disk. Set {ENV_DIR} to a "
+                      f"writable directory, or {ENV_SWITCH}=0 to turn the cache off.", RuntimeWarning, stacklevel=2)
+        return None
+    max_bytes = _max_bytes()
+    if max_bytes != -1 and importlib.util.find_spec("filelock") is None:
+        max_bytes = -1  # JAX's LRU eviction needs filelock; without it an unbounded cache
+    options = {
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": -1,
+        "jax_compilation_cache_max_size": max_bytes,
+    }
+    for name, value in options.items():
+        if name.upper() not in os.environ:
+            jax.config.update(name, value)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    _TIANJI_DIR = path
+    return cache_dir()
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get(ENV_MAX_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+        if value > 0 or value == -1:
+            return value
+    except ValueError:
+        pass
+    warnings.warn(f"tianji_jax: {ENV_MAX_BYTES}={raw!r} is not a positive number of bytes or -1 (no bound); "
+                  f"using {DEFAULT_MAX_BYTES}.", RuntimeWarning, stacklevel=3)
+    return DEFAULT_MAX_BYTES
+
+
+def _clear_disk() -> None:
+    """Delete every entry of tianji_jax's persistent-cache directory (not the directory itself,
+    nor its lock file), holding JAX's lock when ``filelock`` is installed."""
+    active = cache_dir()
+    if active is None:
+        return
+    if _TIANJI_DIR is None or active != _TIANJI_DIR:
+        warnings.warn(f"tianji_jax: clear_caches(disk=True) left the compilation cache directory {active} "
+                      "alone: it is the user's own JAX setting, not tianji_jax's.", RuntimeWarning, stacklevel=3)
+        return
+    try:
+        import filelock
+
+        lock: Any = filelock.FileLock(str(active / ".lockfile"), timeout=30)
+    except ImportError:
+        import contextlib
+
+        lock = contextlib.nullcontext()
+    with lock:
+        for entry in active.iterdir():
+            if entry.name == ".lockfile":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)

@@ -162,3 +162,50 @@ def _check_replay_layout(config: Any, frames: bool) -> None:
     if frames and config.num_learner_devices > 1:
         raise ValueError(f"num_learner_devices={config.num_learner_devices}: the frame replay of envpool Atari games "
                          "is not sharded over data-parallel learners yet; allowed: num_learner_devices=1")
+
+
+def _check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
+    """The Atari fields of a DQN-family config (``episodic_life``, ``reward_clip``,
+    ``repeat_action_probability``: only envpool Atari games may change them from ``defaults``) and
+    whether the run stores stacked uint8 frames in the frame replay (returned), whose per-env ring
+    must hold a whole transition."""
+    from tianji_jax.config_base import _check_bool, _check_float
+
+    for name in ("episodic_life", "reward_clip"):
+        _check_bool(name, getattr(config, name))
+    _check_float("repeat_action_probability", config.repeat_action_probability, low=0.0, high=1.0)
+    if not spec.is_atari:
+        changed = {k: getattr(config, k) for k in defaults if getattr(config, k) != defaults[k]}
+        if changed:
+            raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())}: Atari settings apply to "
+                             f"envpool Atari games only; env {config.env!r} needs the defaults {defaults}")
+    shape = tuple(spec.observation_shape)
+    frames = spec.is_atari and len(shape) == 3 and str(spec.observation_space.dtype) == "uint8"
+    if frames:
+        writers = config.num_actors * config.num_envs
+        need = writers * (shape[0] + config.n_step)
+        if config.buffer_capacity < need:
+            raise ValueError(
+                f"buffer_capacity={config.buffer_capacity} must be >= num_actors * num_envs * (frame stack + n_step) "
+                f"= {writers} * ({shape[0]} + {config.n_step}) = {need}: the frame replay keeps one ring of "
+                "buffer_capacity / (num_actors * num_envs) frames per env, which must hold a whole transition")
+    return frames
+
+
+def _check_distributional(config: Any) -> None:
+    """The distributional head of a DQN-family config: ``distributional`` in ('none', 'c51',
+    'qr'), ``num_atoms >= 2``, C51's ``v_min < v_max``, no Huber threshold (the losses are
+    C51's cross-entropy and QR's quantile Huber loss with kappa 1)."""
+    from tianji_jax.config_base import _check_float
+
+    kinds = ("none", "c51", "qr")
+    if config.distributional not in kinds:
+        raise ValueError(f"distributional must be one of {kinds}, got {config.distributional!r}")
+    _check_int("num_atoms", config.num_atoms, minimum=2)
+    _check_float("v_min", config.v_min)
+    _check_float("v_max", config.v_max)
+    if config.distributional == "c51" and not config.v_min < config.v_max:
+        raise ValueError(f"v_max={config.v_max} must be > v_min={config.v_min} (C51's support)")
+    if config.distributional != "none" and config.huber_delta is not None:
+        raise ValueError(f"huber_delta={config.huber_delta}: the TD loss's Huber threshold does not apply to "
+                         f"distributional={config.distributional!r} (C51: cross-entropy; QR: kappa 1); allowed: None")

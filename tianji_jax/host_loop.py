@@ -26,8 +26,8 @@ from tianji_jax.runtime.anakin import host_metrics
 from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 from tianji_jax.runtime.tail_compile import TailCompile
 
-__all__ = ["mean_or_nan", "make_display", "make_emit", "run_anakin", "finish", "save_params", "async_columns",
-           "async_restore", "AsyncRow", "run_async"]
+__all__ = ["mean_or_nan", "make_display", "make_emit", "eval_steps_so_far", "run_anakin", "finish", "save_params",
+           "async_columns", "async_restore", "AsyncRow", "run_async"]
 
 
 def mean_or_nan(total: float, count: int) -> float:
@@ -46,22 +46,29 @@ def make_emit(config: PPOConfig | DQNConfig, files: RunFiles, display: ProgressD
     """The one way a metrics row reaches the run, in every runtime: ``emit(row, params, obs_rms)``
     evaluates ``params`` greedily (``evaluator(params, obs_rms, key) -> (returns, lengths)``, key
     folded from the seed and the row index; None: no evaluation) into ``eval_return_mean`` /
-    ``eval_return_std``, stamps ``wall_time_s`` (seconds since ``start``, plus the restored run's),
-    logs the row and updates the progress display. ``skips`` (the per-update ``nonfinite_skips``
-    of the row, in order) goes into the row's column and a :class:`NonFiniteMonitor`, which raises
+    ``eval_return_std`` and adds the episodes' lengths to ``eval_env_steps`` (cumulative; a resumed
+    run starts from its last row's value, see :func:`eval_steps_so_far`; NaN without evaluation),
+    stamps ``wall_time_s`` (seconds since ``start``, plus the restored run's), logs the row and
+    updates the progress display. ``skips`` (the per-update ``nonfinite_skips`` of the row, in
+    order) goes into the row's column and a :class:`NonFiniteMonitor`, which raises
     :class:`NonFiniteError` after the row is logged once ``max_nonfinite_updates`` consecutive
     updates skipped a step. Returns True when ``config.stop_at_return`` is reached."""
     monitor = NonFiniteMonitor(config.max_nonfinite_updates, files.last_checkpoint)
     if files.rows:
         monitor.prev_env_steps, monitor.prev_update = int(files.rows[-1]["env_steps"]), int(files.rows[-1]["update"])
+    eval_steps = [eval_steps_so_far(files.rows)]
 
     def emit(row: dict[str, float], params: Any, obs_rms: Any, skips: np.ndarray) -> bool:
         row["nonfinite_skips"] = int(np.sum(skips))
         if evaluator is not None:
             eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed ^ 0x5EED), len(files.rows))
-            returns, _ = jax.device_get(evaluator(params, obs_rms, eval_key))
+            returns, lengths = jax.device_get(evaluator(params, obs_rms, eval_key))
             row["eval_return_mean"] = float(np.mean(returns))
             row["eval_return_std"] = float(np.std(returns))
+            eval_steps[0] += int(np.sum(np.asarray(lengths, np.int64)))
+            row["eval_env_steps"] = eval_steps[0]
+        else:
+            row["eval_env_steps"] = math.nan
         row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
         files.log(row)
         display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
@@ -70,6 +77,17 @@ def make_emit(config: PPOConfig | DQNConfig, files: RunFiles, display: ProgressD
         return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
 
     return emit
+
+
+def eval_steps_so_far(rows: list[dict[str, float]]) -> int:
+    """The ``eval_env_steps`` a run continues from: the last finite value in ``rows`` (the rows a
+    resumed run restored), 0 when there is none (a new run; rows without evaluation, or written
+    before the column existed)."""
+    for r in reversed(rows):
+        v = r.get("eval_env_steps", math.nan)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return int(v)
+    return 0
 
 
 def run_anakin(trainer: Callable, tail: TailCompile | None, state: Any, done: int, total: int, chunk_u: int,

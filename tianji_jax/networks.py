@@ -239,9 +239,13 @@ class QNetwork(nn.Module):
             :class:`SmallCNN`): PQN's network (Gallici et al. 2024, "Simplifying Deep Temporal
             Difference Learning", section 4), which trains without a target network. ``False``
             (default) adds no parameters: the parameter tree is that of a plain DQN network.
+        num_atoms: ``1`` -> Q-values; ``K > 1`` -> ``K`` outputs per action (C51's logits over a
+            fixed support, or QR-DQN's quantiles), returned as ``(B, A, K)``; with ``dueling``
+            the value and advantage streams each have ``K`` outputs per action.
 
     ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype; the MLP flattens and casts to
-    float32, the CNN divides by 255) and returns ``q``: ``(B, A)`` float32 Q-values.
+    float32, the CNN divides by 255) and returns ``q``: ``(B, A)`` float32 Q-values (``(B, A, K)``
+    with ``num_atoms = K > 1``).
     """
 
     action_dim: int
@@ -251,9 +255,15 @@ class QNetwork(nn.Module):
     torso: str = "mlp"
     obs_shape: tuple[int, ...] = ()
     layer_norm: bool = False
+    num_atoms: int = 1
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.num_atoms > 1:  # a distribution per action: (B, A, K)
+            return self._head(self._torso(obs), self.num_atoms)
+        return self._head(self._torso(obs), 1)[..., 0]
+
+    def _torso(self, obs: jax.Array) -> jax.Array:
         if self.torso == "nature_cnn":
             x = NatureCNN(layer_norm=self.layer_norm)(obs)
         else:
@@ -264,8 +274,12 @@ class QNetwork(nn.Module):
                 x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
             for h in self.hidden_sizes:
                 x = act(_norm(self.layer_norm, _dense(h, np.sqrt(2))(x)))
+        return x
+
+    def _head(self, x: jax.Array, k: int) -> jax.Array:
+        b = x.shape[0]
         if not self.dueling:
-            return _dense(self.action_dim, 1.0)(x)
-        value = _dense(1, 1.0)(x)
-        advantage = _dense(self.action_dim, 1.0)(x)
-        return value + advantage - jnp.mean(advantage, axis=-1, keepdims=True)
+            return _dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
+        value = _dense(k, 1.0)(x).reshape((b, 1, k))
+        advantage = _dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
+        return value + advantage - jnp.mean(advantage, axis=1, keepdims=True)

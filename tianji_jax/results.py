@@ -17,7 +17,7 @@ __all__ = ["METRIC_COLUMNS", "TrainResult", "LoadedRun"]
 
 METRIC_COLUMNS = (
     "env_steps", "update", "wall_time_s", "sps", "episode_return_mean", "episode_length_mean", "episodes",
-    "eval_return_mean", "eval_return_std", "policy_loss", "value_loss", "entropy", "approx_kl",
+    "eval_return_mean", "eval_return_std", "eval_env_steps", "policy_loss", "value_loss", "entropy", "approx_kl",
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
     "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "lost_chunks", "actor_wait_frac", "learner_wait_frac", "queue_depth",
     "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
@@ -26,7 +26,10 @@ METRIC_COLUMNS = (
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
 far; ``wall_time_s`` is seconds since ``train`` started; ``sps`` is env steps per second over the
 chunk; ``episode_*`` cover the training episodes that ended during the chunk (empty if none);
-``eval_*`` are over ``eval_episodes`` deterministic episodes after the chunk (empty if disabled);
+``eval_return_*`` are over ``eval_episodes`` deterministic episodes after the chunk (empty if disabled);
+``eval_env_steps`` counts the env steps spent in evaluation so far (cumulative over the run's
+evaluations: the sum of their episodes' lengths, on separate envs, not part of ``env_steps``; a
+resumed run continues from its last row's value; empty if evaluation is disabled);
 the loss columns are means over the chunk's gradient steps; ``policy_lag_*`` is the lag of the
 consumed samples as the learner computes it (learner version minus the per-step stamps; 0 in Anakin).
 Async runtime only (empty in Anakin): ``production_sps`` (env steps inserted by actors per second),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
-           "summary_line", "report_end"]
+           "summary_line", "eval_cost", "report_end"]
 
 
 def metrics_rows(run_dir: str | Path) -> int:
@@ -94,8 +94,10 @@ def interrupt_message(run_dir: str | Path, resumable: bool) -> str:
 
 def summary_line(result: Any) -> str:
     """One plain-text line about a :class:`~tianji_jax.training.TrainResult`: env steps, wall time,
-    final and best evaluation return (or the last training return without evaluation) and the run
-    directory; for a resumed run that had already finished, that there was nothing to do."""
+    final and best evaluation return (or the last training return without evaluation), the env
+    steps spent in evaluation (``eval_env_steps``: ``evaluation: 12,345 env steps (9% of
+    training's)``) and the run directory; for a resumed run that had already finished, that there
+    was nothing to do."""
     curve = result.curve
     env_steps = curve.get("env_steps", [])
     if not len(env_steps):
@@ -106,12 +108,28 @@ def summary_line(result: Any) -> str:
         returns = f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}"
     else:
         returns = f"no evaluation; training episode return {float(curve['episode_return_mean'][-1]):.2f}"
+    returns += eval_cost(curve)
     where = f"run dir {result.run_dir}" if result.run_dir is not None else "no run dir"
     if getattr(result, "already_finished", False):
         return (f"tianji_jax.train: nothing to do, the run had already finished: {steps} env steps in {wall:.1f} s; "
                 f"{returns}; {where}")
     early = " (stopped at stop_at_return)" if result.stopped_early else ""
     return f"tianji_jax.train: done{early}: {steps} env steps in {wall:.1f} s; {returns}; {where}"
+
+
+def eval_cost(curve: dict) -> str:
+    """``"; evaluation: <n> env steps (<p>% of training's)"`` from the last finite ``eval_env_steps``
+    of ``curve`` (a :class:`~tianji_jax.training.TrainResult` curve) against its last ``env_steps``;
+    empty when the run did not evaluate (or its rows predate the column)."""
+    done = [float(x) for x in curve.get("eval_env_steps", []) if math.isfinite(x)]
+    if not done:
+        return ""
+    spent, steps = int(done[-1]), int(curve["env_steps"][-1])
+    if steps <= 0:
+        return f"; evaluation: {spent:,} env steps"
+    pct = 100.0 * spent / steps
+    share = f"{pct:.0f}%" if pct >= 1 or pct == 0 else f"{pct:.1g}%"
+    return f"; evaluation: {spent:,} env steps ({share} of training's)"
 
 
 def report_end(run: Callable[..., Any]) -> Callable[..., Any]:

@@ -71,7 +71,8 @@ def train(
 
     Each chunk runs ``config.updates_per_chunk`` updates on device; after it the host logs one
     row of :data:`METRIC_COLUMNS`, evaluates (``eval_episodes`` deterministic episodes on separate
-    envs, seeded from ``config.seed`` and the chunk index), checkpoints (with a ``run_dir``) and
+    envs, seeded from ``config.seed`` and the chunk index; their env steps are counted in
+    ``eval_env_steps``, not in ``env_steps``), checkpoints (with a ``run_dir``) and
     stops early once ``eval_return_mean >= stop_at_return``.
 
     A :class:`~tianji_jax.config.DQNConfig` runs DQN in Anakin mode the same way: chunks of
@@ -116,7 +117,8 @@ def train(
             ``provenance.json``, ``metrics.csv``, ``checkpoints/``, ``tensorboard/`` and
             ``final_params/`` (orbax).
         progress: show a progress bar on stderr; default: when stderr is a terminal (when it is
-            not, one summary line is printed there at the end: ``run_status.summary_line``).
+            not, one summary line is printed there at the end: ``run_status.summary_line``, with
+            the env steps evaluation took against training's).
         callback: called with each row (a dict) after it is logged and checkpointed.
         resume: continue the run in ``run_dir`` (needs ``run_dir``).
         checkpoint: a :class:`~tianji_jax.config.CheckpointConfig`; default ``CheckpointConfig()``,

@@ -35,6 +35,7 @@ from flax import struct
 
 from tianji_jax import frame_replay, replay
 from tianji_jax.algos import dqn
+from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss, expected_q
 from tianji_jax.config import DQNConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
@@ -102,7 +103,7 @@ def make_q_network(config: DQNConfig) -> QNetwork:
     shape = tuple(config.env_spec.observation_shape)
     network = QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
                        activation=config.activation, dueling=config.dueling, torso=choose_torso(shape),
-                       obs_shape=shape)
+                       obs_shape=shape, num_atoms=config.num_atoms if config.distributional != "none" else 1)
     check_network(network, shape, config.env_spec.observation_space.dtype)
     return network
 
@@ -143,14 +144,18 @@ class DQNParts:
         self.obs_dtype = jax.dtypes.canonicalize_dtype(spec.observation_space.dtype)
         obs = jax.ShapeDtypeStruct(self.obs_shape, self.obs_dtype)
         self.frame_replay = config.frame_replay
+        self.support = (c51_support(config.num_atoms, config.v_min, config.v_max)
+                        if config.distributional == "c51" else None)
         self.example_item = dqn.Transition(obs=obs, action=jax.ShapeDtypeStruct((), jnp.int32),
                                            reward=jax.ShapeDtypeStruct((), jnp.float32),
                                            discount=jax.ShapeDtypeStruct((), jnp.float32), next_obs=obs)
 
     # ---- network ------------------------------------------------------------------------------
     def apply(self, params: Any, obs: jax.Array) -> jax.Array:
-        """Q-values: ``obs (B, *obs_shape)`` -> ``(B, A)`` float32."""
-        return self.network.apply(params, obs)
+        """Q-values: ``obs (B, *obs_shape)`` -> ``(B, A)`` float32 (a distributional head's mean)."""
+        out = self.network.apply(params, obs)
+        kind = self.config.distributional
+        return out if kind == "none" else expected_q(out, kind, self.support)
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
@@ -367,6 +372,15 @@ class DQNParts:
     # ---- learner ------------------------------------------------------------------------------
     def _loss(self, params: Any, target_params: Any, batch: dqn.Transition, weights: jax.Array):
         cfg = self.config
+        if cfg.distributional != "none":  # C51 / QR-DQN: per-item losses are also the new priorities
+            out, next_target = self.network.apply(params, batch.obs), self.network.apply(target_params, batch.next_obs)
+            select = self.apply(params, batch.next_obs) if cfg.double_q else expected_q(next_target, cfg.distributional,
+                                                                                         self.support)
+            per_item = distributional_loss(cfg.distributional, out, next_target, select, batch.action, batch.reward,
+                                           batch.discount, self.support)
+            w = jnp.ones_like(per_item) if weights is None else jax.lax.stop_gradient(weights)
+            q_a = jnp.take_along_axis(expected_q(out, cfg.distributional, self.support), batch.action[:, None], -1)
+            return jnp.mean(w * per_item), (jax.lax.stop_gradient(per_item), q_a[:, 0])
         q = self.apply(params, batch.obs)
         q_next_target = self.apply(target_params, batch.next_obs)
         if cfg.double_q:

@@ -10,7 +10,8 @@ import tyro
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
                                     _plain_numbers, _torso_text, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
-from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray, _check_replay_layout
+from tianji_jax.config_checks import (_check_async_only, _check_atari, _check_distributional, _check_host_fields,
+                                      _check_ray, _check_replay_layout)
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec, resolve_env
 
 __all__ = ["DQNConfig"]
@@ -104,6 +105,16 @@ class DQNConfig(_AgentConfig):
     """Dueling head (Wang et al. 2016): Q = V + A - mean(A)."""
     huber_delta: float | None = None
     """Huber threshold of the TD loss (Mnih et al.'s error clipping, 1.0); None for the squared loss (CleanRL)."""
+    distributional: Literal["none", "c51", "qr"] = "none"
+    """'none' (Q-values), 'c51' (Bellemare et al. 2017: categorical over num_atoms atoms in
+    [v_min, v_max], cross-entropy loss) or 'qr' (Dabney et al. 2018: num_atoms quantiles, quantile
+    Huber loss with kappa 1); priorities come from the per-item loss."""
+    num_atoms: int = 51
+    """Atoms (C51) or quantiles (QR-DQN) per action, >= 2; unused with distributional='none'."""
+    v_min: float = -10.0
+    """C51: lowest atom of the support (returns below it are clipped)."""
+    v_max: float = 10.0
+    """C51: highest atom of the support, > v_min."""
     target_update_period: int | None = 50
     """Hard target update: copy the online params every this many gradient updates. Set it to None to use tau."""
     tau: float | None = None
@@ -325,27 +336,10 @@ class DQNConfig(_AgentConfig):
         _check_ray(self, spec)
         _check_async_only(self, fields_in(self, "tianji"))
         object.__setattr__(self, "_env_spec", spec)
-        for name in ("episodic_life", "reward_clip"):
-            _check_bool(name, getattr(self, name))
-        _check_float("repeat_action_probability", self.repeat_action_probability, low=0.0, high=1.0)
-        atari = spec.is_atari
-        if not atari:
-            changed = {k: v for k, v in self._atari_fields().items() if v != _ATARI_FIELD_DEFAULTS[k]}
-            if changed:
-                raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())}: Atari settings apply to "
-                                 f"envpool Atari games only; env {self.env!r} needs the defaults {_ATARI_FIELD_DEFAULTS}")
-        shape = tuple(spec.observation_shape)
-        frames = atari and len(shape) == 3 and str(spec.observation_space.dtype) == "uint8"
+        frames = _check_atari(self, spec, _ATARI_FIELD_DEFAULTS)
         object.__setattr__(self, "_frame_replay", frames)
         _check_replay_layout(self, frames)
-        if frames:
-            writers = self.num_actors * self.num_envs
-            need = writers * (shape[0] + self.n_step)
-            if self.buffer_capacity < need:
-                raise ValueError(
-                    f"buffer_capacity={self.buffer_capacity} must be >= num_actors * num_envs * (frame stack + n_step) "
-                    f"= {writers} * ({shape[0]} + {self.n_step}) = {need}: the frame replay keeps one ring of "
-                    "buffer_capacity / (num_actors * num_envs) frames per env, which must hold a whole transition")
+        _check_distributional(self)
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
         try:
@@ -464,6 +458,8 @@ class DQNConfig(_AgentConfig):
         variant = "Double DQN" if self.double_q else "DQN"
         if self.dueling:
             variant = f"dueling {variant}"
+        variant += {"c51": f" with C51 ({self.num_atoms} atoms in [{self.v_min}, {self.v_max}])",
+                    "qr": f" with QR-DQN ({self.num_atoms} quantiles)"}.get(self.distributional, "")
         target = (f"hard target copy every {self.target_update_period} gradient updates"
                   if self.target_update_period is not None else f"Polyak target update tau={self.tau}")
         explore = (f"epsilon {self.epsilon_start} -> {self.epsilon_end} over {self.epsilon_decay_steps} env steps"

@@ -1,0 +1,125 @@
+"""JAX's persistent compilation cache, on by default (tianji_jax.caches.enable_persistent_cache):
+a second process with the same config compiles nothing from scratch; the off switch, an unwritable
+directory and a user's own ``JAX_COMPILATION_CACHE_DIR`` are honoured. Each case runs in a child
+process: the cache directory is fixed once per process, when ``tianji_jax`` is imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_COUNT = """
+import json, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    import jax
+    counts = {"hits": 0, "misses": 0, "compiles": 0}
+    def _event(name, **kwargs):
+        if name == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+        elif name == "/jax/compilation_cache/cache_misses":  # recorded when an entry is written
+            counts["misses"] += 1
+    def _duration(name, secs, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":  # a compilation or a disk load
+            counts["compiles"] += 1
+    jax.monitoring.register_event_listener(_event)
+    jax.monitoring.register_event_duration_secs_listener(_duration)
+    import tianji_jax as tj
+    WORK
+counts["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+counts["cache_dir"] = None if tj.cache_dir() is None else str(tj.cache_dir())
+print("COUNTS" + json.dumps(counts))
+"""
+
+TRAIN = ("tj.train(tj.PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_env_steps=128, "
+         "eval_every_env_steps=64, eval_episodes=1), progress=False)")
+JIT = "jax.block_until_ready(jax.jit(lambda x: x * 2 + 1)(jax.numpy.arange(3.0)))"
+
+
+def _run(work: str, **env: str) -> dict:
+    """Run ``work`` in a child process with the given environment overrides (the test session's
+    cache variables removed); returns its counts, RuntimeWarnings and ``tj.cache_dir()``."""
+    child_env = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("TIANJI_COMPILATION_CACHE", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    child_env.update(env)
+    code = _COUNT.replace("WORK", work.replace("\n", "\n    "))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("COUNTS")][-1]
+    return json.loads(line[len("COUNTS"):])
+
+
+def _entries(path: Path) -> list[str]:
+    return sorted(p.name for p in path.rglob("*") if p.name != ".lockfile") if path.exists() else []
+
+
+def test_second_process_compiles_nothing_from_scratch(tmp_path):
+    cache = tmp_path / "xla"
+    first = _run(TRAIN, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    assert first["cache_dir"] == str(cache)
+    assert first["misses"] > 0 and first["hits"] == 0, first
+    assert any(name.endswith("-cache") for name in _entries(cache))
+    second = _run(TRAIN, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    assert second["misses"] == 0 and second["hits"] > 0, second
+    assert second["compiles"] == second["hits"], second  # every executable came from the disk
+    assert first["warnings"] == [] and second["warnings"] == []
+
+
+def test_off_switch_leaves_the_directory_empty(tmp_path):
+    cache = tmp_path / "xla"
+    got = _run(JIT, TIANJI_COMPILATION_CACHE_DIR=str(cache), TIANJI_COMPILATION_CACHE="0")
+    assert got["cache_dir"] is None and got["compiles"] >= 1 and got["misses"] == 0
+    assert _entries(cache) == []
+
+
+def test_unwritable_directory_warns_once_and_training_still_works(tmp_path):
+    if os.geteuid() == 0:  # root ignores permission bits: a path under a regular file can never be created
+        (tmp_path / "afile").write_text("")
+        cache = tmp_path / "afile" / "sub"
+    else:
+        cache = tmp_path / "read_only"
+        cache.mkdir()
+        cache.chmod(0o500)
+    try:
+        got = _run(TRAIN, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    finally:
+        if cache.name == "read_only":
+            cache.chmod(0o700)
+    assert got["cache_dir"] is None and got["misses"] == 0 and got["compiles"] >= 1
+    warned = [w for w in got["warnings"] if "compilation cache" in w]
+    assert len(warned) == 1, got["warnings"]
+    assert str(cache) in warned[0] and "TIANJI_COMPILATION_CACHE_DIR" in warned[0]
+
+
+def test_users_own_jax_cache_dir_is_respected(tmp_path):
+    theirs, ours = tmp_path / "theirs", tmp_path / "ours"
+    work = (f"{JIT}\nimport warnings as w2\nwith w2.catch_warnings(record=True) as c2:\n"
+            "    w2.simplefilter('always')\n    tj.clear_caches(disk=True)\n"
+            "counts['clear_warned'] = [str(x.message) for x in c2]\n"
+            "counts['min_time'] = jax.config.jax_persistent_cache_min_compile_time_secs")
+    got = _run(work, JAX_COMPILATION_CACHE_DIR=str(theirs), TIANJI_COMPILATION_CACHE_DIR=str(ours))
+    assert got["cache_dir"] == str(theirs)
+    assert not ours.exists()
+    assert got["min_time"] == 1.0  # JAX's default: tianji_jax changed none of the user's options
+    assert any("left the compilation cache directory" in w for w in got["clear_warned"]), got
+
+
+def test_clear_caches_disk_deletes_the_entries(tmp_path):
+    cache = tmp_path / "xla"
+    work = f"{JIT}\ncounts['before'] = len(list(tj.cache_dir().iterdir()))\ntj.clear_caches(disk=True)"
+    got = _run(work, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    assert got["before"] >= 2 and got["misses"] >= 1  # an entry and its access time (and the lock file)
+    assert _entries(cache) == [] and cache.is_dir()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_bad_max_bytes_warns_and_uses_the_default(tmp_path, value):
+    work = "counts['max'] = jax.config.jax_compilation_cache_max_size"
+    got = _run(work, TIANJI_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), TIANJI_COMPILATION_CACHE_MAX_BYTES=value)
+    assert got["max"] == 2 * 1024**3
+    assert len(got["warnings"]) == 1 and "TIANJI_COMPILATION_CACHE_MAX_BYTES" in got["warnings"][0]
