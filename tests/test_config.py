@@ -154,6 +154,8 @@ BAD_VALUES = [
     ("actor_backend", "ray", ValueError, r"actor_backend='ray' runs host envs"),
     ("ray_address", "auto", ValueError, r"ray_address='auto' needs actor_backend='ray'"),
     ("ray_max_restarts", -1, ValueError, "ray_max_restarts"),
+    ("torso", "resnet", ValueError, r"torso must be one of \('auto', 'mlp', 'nature_cnn', 'small_cnn'\)"),
+    ("torso", "no_such_pkg_q:factory", ValueError, r"torso='no_such_pkg_q:factory': cannot import it"),
     ("env", NotAnEnv(), ValueError, r"env: .*NotAnEnv.*not a gymnax-style"),
     ("env", object(), ValueError, r"env: .*not a gymnax-style"),
     ("env", TupleActionCartPole(), ValueError, r"env=.*TupleActionCartPole.*Tuple"),

@@ -97,7 +97,18 @@ def test_custom_env(tmp_path, monkeypatch):
     assert s["final_eval_mean"] >= 0.85 and s["final_eval_length"] <= 12
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "custom_env.ipynb"])
+@pytest.mark.slow  # ~30-60 s on 2 cores, mostly compilation
+def test_custom_torso(tmp_path, monkeypatch):
+    s, images = _execute("custom_torso.ipynb", tmp_path, monkeypatch)
+    assert images >= 1
+    assert s["stored_torso"] == "my_torsos:minatar_conv"   # config.json keeps the import path
+    assert s["torso_params"] == 6                           # two convolutions and a dense layer: kernels and biases
+    assert s["same_params"] is True                         # tj.load rebuilt the network and restored them
+    assert s["env_steps"] == [8192.0, 16384.0]
+    assert _finite(s["eval_return"]) and math.isfinite(s["final_eval_mean"])
+
+
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "custom_env.ipynb", "custom_torso.ipynb"])
 def test_committed_outputs_are_from_a_full_run(name):
     """notebooks/README.md: the committed notebooks hold the outputs of a full (QUICK=False) run or none."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

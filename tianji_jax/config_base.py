@@ -109,14 +109,35 @@ def _check_bool(name: str, value: Any) -> None:
 
 
 def _torso_text(config: Any) -> str:
-    """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.choose_torso`)."""
-    from tianji_jax.networks import choose_torso
+    """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.resolve_torso`)."""
+    from tianji_jax.networks import resolve_torso, torso_path
 
-    torso = choose_torso(tuple(config.env_spec.observation_shape))
+    torso = resolve_torso(getattr(config, "torso", "auto"), tuple(config.env_spec.observation_shape))
+    chosen = " (auto)" if getattr(config, "torso", "auto") == "auto" else ""
+    if callable(torso):
+        return f"user torso {torso_path(torso)}"
     if torso == "nature_cnn":
-        return "Nature CNN torso"
+        return f"Nature CNN torso{chosen}"
     mlp = f"MLP {list(config.hidden_sizes)} {config.activation}"
-    return f"small CNN (16 3x3 filters) + {mlp} torso" if torso == "small_cnn" else f"{mlp} torso"
+    return (f"small CNN (16 3x3 filters) + {mlp} torso{chosen}" if torso == "small_cnn" else f"{mlp} torso{chosen}")
+
+
+def _check_torso(config: Any) -> None:
+    """``torso``: ``'auto'``, a built-in torso name, or a user torso (an import path
+    ``'package.module:factory'`` that imports, or a callable).
+
+    Raises:
+        ValueError: one line naming the value and what is allowed.
+    """
+    from tianji_jax.networks import TORSOS, torso_factory
+
+    torso = config.torso
+    if torso == "auto" or (isinstance(torso, str) and torso in TORSOS):
+        return
+    if isinstance(torso, str) and ":" not in torso:
+        raise ValueError(f"torso must be one of {('auto', *TORSOS)} or a user torso 'package.module:factory', "
+                         f"got {torso!r}")
+    torso_factory(torso)  # imports it now: a bad path fails here, in one line
 
 
 class _AgentConfig:
@@ -136,5 +157,9 @@ class _AgentConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if not isinstance(out["env"], str):
             out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
+        if "torso" in out and callable(out["torso"]):  # its import path (importable when top-level)
+            from tianji_jax.networks import torso_path
+
+            out["torso"] = torso_path(out["torso"])
         out["hidden_sizes"] = list(out["hidden_sizes"])
         return out

@@ -12,6 +12,11 @@ layout and size by :func:`choose_torso`:
   convolution (Young & Tian 2019, "MinAtar", section 4) then the MLP of ``hidden_sizes``;
 * ``mlp``: everything else (vectors; any rank is flattened).
 
+A config's ``torso`` field overrides the choice (:func:`resolve_torso`): ``auto`` (the rule
+above), one of :data:`TORSOS`, or a user torso given as an import path ``"package.module:factory"``
+(or, from Python, the factory itself): ``factory()`` returns an ``nn.Module`` mapping
+observations ``(B, *obs_shape)`` to features ``(B, F)``, on which the algorithm's heads sit.
+
 :func:`check_network` refuses, before anything trains, a network whose parameters would hold a
 zero-size array (an observation too small for its torso), naming the observation shape and torso.
 """
@@ -25,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ActorCritic", "NatureCNN", "SmallCNN", "QNetwork", "TORSOS", "choose_torso", "check_network"]
+__all__ = ["ActorCritic", "NatureCNN", "SmallCNN", "QNetwork", "TORSOS", "choose_torso", "check_network",
+           "resolve_torso", "torso_factory", "torso_path"]
 
 _ACT = {"tanh": nn.tanh, "relu": nn.relu}
 
@@ -140,6 +146,64 @@ def choose_torso(obs_shape: tuple[int, ...]) -> str:
     return "small_cnn" if min(h, w) >= 3 else "mlp"
 
 
+def torso_factory(torso: Any) -> Any:
+    """The factory of a user torso: ``torso`` itself when callable, else the object an import
+    path ``"package.module:attribute"`` names (imported now).
+
+    Raises:
+        ValueError: not an import path of a callable (one line naming the value and what is allowed).
+    """
+    if callable(torso):
+        return torso
+    import importlib
+
+    module, sep, attr = str(torso).partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"torso={torso!r}: allowed: 'auto', {', '.join(repr(t) for t in TORSOS)}, or a user torso "
+                         "as an import path 'package.module:factory'")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"torso={torso!r}: cannot import it ({type(err).__name__}: {err})") from None
+    if not callable(obj):
+        raise ValueError(f"torso={torso!r} names a {type(obj).__name__}, not a factory returning an nn.Module")
+    return obj
+
+
+def torso_path(torso: Any) -> str:
+    """The text a config stores for ``torso``: a name or import path as given; for a Python
+    callable its ``"module:qualname"`` (which ``config.json``, ``tianji eval`` and ``--resume`` can
+    import back only when it is defined at the top level of an importable module)."""
+    if not callable(torso):
+        return str(torso)
+    return f"{getattr(torso, '__module__', '?')}:{getattr(torso, '__qualname__', type(torso).__name__)}"
+
+
+def resolve_torso(torso: Any, obs_shape: tuple[int, ...]) -> Any:
+    """The torso a network uses: ``"auto"`` -> :func:`choose_torso`; a name of :data:`TORSOS` as
+    is; anything else -> the user factory (:func:`torso_factory`).
+
+    Raises:
+        ValueError: an import path that does not name a callable.
+    """
+    if torso == "auto":
+        return choose_torso(obs_shape)
+    if isinstance(torso, str) and torso in TORSOS:
+        return torso
+    return torso_factory(torso)
+
+
+def _custom_features(torso: Any, obs: jax.Array) -> jax.Array:
+    """Features ``(B, F)`` float32 from a user torso factory's module."""
+    x = torso()(obs)
+    if x.ndim != 2:
+        raise ValueError(f"torso {torso_path(torso)!r} returned features of shape {tuple(x.shape)}; the heads need "
+                         "(batch, features): flatten its output (x.reshape((x.shape[0], -1)))")
+    return x.astype(jnp.float32)
+
+
 def _image_torso(torso: str, obs_shape: tuple[int, ...], layer_norm: bool = False) -> nn.Module:
     if torso == "nature_cnn":
         return NatureCNN(layer_norm=layer_norm)
@@ -157,11 +221,18 @@ def check_network(network: nn.Module, obs_shape: tuple[int, ...], obs_dtype: Any
         ValueError: naming the observation shape, the torso and the first zero-size parameter.
     """
     dummy = jax.ShapeDtypeStruct((1, *obs_shape), obs_dtype)
-    shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), dummy)
+    torso = getattr(network, "torso", None)
+    try:
+        shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), dummy)
+    except Exception as err:  # noqa: BLE001 - a user torso that cannot take the observation: one line
+        if isinstance(torso, str) and torso in TORSOS:
+            raise
+        raise ValueError(f"torso {torso_path(torso)!r} cannot map observations of shape {tuple(obs_shape)} "
+                         f"(dtype {obs_dtype}) to features: {type(err).__name__}: {str(err).splitlines()[0]}") from None
     for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         if int(np.prod(leaf.shape)) == 0:
             raise ValueError(f"observation shape {tuple(obs_shape)} is too small for the "
-                             f"{getattr(network, 'torso', '?')!r} torso: parameter {jax.tree_util.keystr(path)} "
+                             f"{torso_path(torso)!r} torso: parameter {jax.tree_util.keystr(path)} "
                              f"would have shape {tuple(leaf.shape)} (allowed torsos: {list(TORSOS)})")
 
 
@@ -177,7 +248,8 @@ class ActorCritic(nn.Module):
             ``log_std`` parameter ``(action_dim,)`` (initialised to 0).
         hidden_sizes: hidden widths of each MLP (unused by the Nature CNN torso).
         activation: ``"tanh"`` or ``"relu"`` (MLPs only).
-        torso: one of :data:`TORSOS`.
+        torso: one of :data:`TORSOS`, or a user torso factory (:func:`resolve_torso`), shared by
+            the linear actor and critic heads (``hidden_sizes`` unused).
         obs_shape: one observation's shape (tells :class:`SmallCNN` the channel layout).
 
     ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype, flattened and cast to float32)
@@ -189,13 +261,15 @@ class ActorCritic(nn.Module):
     continuous: bool = False
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
-    torso: str = "mlp"
+    torso: Any = "mlp"
     obs_shape: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, obs: jax.Array):
         if self.torso == "nature_cnn":
             a = c = NatureCNN()(obs)
+        elif callable(self.torso):  # a user torso, shared by the actor and critic heads
+            a = c = _custom_features(self.torso, obs)
         else:
             act = _ACT[self.activation]
             if self.torso == "small_cnn":
@@ -230,7 +304,8 @@ class QNetwork(nn.Module):
         action_dim: number of actions ``A``.
         hidden_sizes: hidden widths of the MLP (unused by the Nature CNN torso).
         activation: ``"tanh"`` or ``"relu"`` (MLP only).
-        torso: one of :data:`TORSOS` (``nature_cnn``: ``(B, C, H, W)`` frames, see :class:`NatureCNN`).
+        torso: one of :data:`TORSOS` (``nature_cnn``: ``(B, C, H, W)`` frames, see :class:`NatureCNN`),
+            or a user torso factory (:func:`resolve_torso`; ``hidden_sizes`` unused).
         obs_shape: one observation's shape (tells :class:`SmallCNN` the channel layout).
         dueling: ``False`` -> ``Q = Dense(A)(torso)``; ``True`` -> separate value ``V (B, 1)`` and
             advantage ``A (B, A)`` heads on the shared torso, ``Q = V + A - mean_a A``.
@@ -252,7 +327,7 @@ class QNetwork(nn.Module):
     hidden_sizes: Sequence[int] = (120, 84)
     activation: str = "relu"
     dueling: bool = False
-    torso: str = "mlp"
+    torso: Any = "mlp"
     obs_shape: tuple[int, ...] = ()
     layer_norm: bool = False
     num_atoms: int = 1
@@ -266,6 +341,8 @@ class QNetwork(nn.Module):
     def _torso(self, obs: jax.Array) -> jax.Array:
         if self.torso == "nature_cnn":
             x = NatureCNN(layer_norm=self.layer_norm)(obs)
+        elif callable(self.torso):  # a user torso: the heads sit on its features
+            x = _custom_features(self.torso, obs)
         else:
             act = _ACT[self.activation]
             if self.torso == "small_cnn":

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
-                                    _plain_numbers, fields_in, layout, run, tianji)
+                                    _check_torso, _plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
                                       _check_ray)
@@ -81,6 +81,13 @@ class OnPolicyConfig(_AgentConfig):
     """Hidden layer widths of the separate actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden activation."""
+    torso: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
+                                         help_behavior_hint="(default: auto)")] = "auto"
+    """The network's torso: 'auto' (from the observation: Nature CNN for Atari frame stacks, a small
+    CNN for MinAtar-like images, else the MLP of hidden_sizes), 'mlp', 'nature_cnn', 'small_cnn', or
+    a user torso 'package.module:factory' whose factory() returns a flax nn.Module mapping
+    observations (B, *obs_shape) to features (B, F) (the algorithm's heads sit on them; from Python
+    the factory itself is accepted too, and config.json stores its import path)."""
     eval_every_env_steps: int = 25_000
     """Evaluate every this many env steps (rounded to whole updates); also the logging interval."""
     eval_episodes: int = 10
@@ -169,6 +176,7 @@ class OnPolicyConfig(_AgentConfig):
                 f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        _check_torso(self)
         if self.stop_at_return is not None:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:

@@ -39,7 +39,7 @@ from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss
 from tianji_jax.config import DQNConfig
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
-from tianji_jax.networks import QNetwork, check_network, choose_torso
+from tianji_jax.networks import QNetwork, check_network, resolve_torso
 from tianji_jax.runtime.dqn_acting import FRAME_KEYS, HISTORY_KEYS, actor_epsilons, window_transitions
 
 __all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "HISTORY_KEYS", "FRAME_KEYS", "actor_epsilons", "window_transitions", "make_q_network", "make_dqn_optimizer"]
@@ -92,9 +92,8 @@ class DQNLearnerState:
 
 def make_q_network(config: DQNConfig) -> QNetwork:
     """The :class:`~tianji_jax.networks.QNetwork` for ``config``'s env (``A = action_space.n``), its
-    torso chosen from the observation's layout and size as PPO's
-    (:func:`~tianji_jax.networks.choose_torso`: Nature CNN for Atari frame stacks, the small CNN
-    for MinAtar-like images, else the MLP of ``hidden_sizes``).
+    torso ``config.torso`` (:func:`~tianji_jax.networks.resolve_torso`; ``auto``: Nature CNN for
+    Atari frame stacks, the small CNN for MinAtar-like images, else the MLP of ``hidden_sizes``).
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
@@ -102,7 +101,7 @@ def make_q_network(config: DQNConfig) -> QNetwork:
     """
     shape = tuple(config.env_spec.observation_shape)
     network = QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
-                       activation=config.activation, dueling=config.dueling, torso=choose_torso(shape),
+                       activation=config.activation, dueling=config.dueling, torso=resolve_torso(config.torso, shape),
                        obs_shape=shape, num_atoms=config.num_atoms if config.distributional != "none" else 1)
     check_network(network, shape, config.env_spec.observation_space.dtype)
     return network

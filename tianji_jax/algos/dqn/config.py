@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
-                                    _plain_numbers, _torso_text, fields_in, layout, run, tianji)
+                                    _check_torso, _plain_numbers, _torso_text, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_atari, _check_distributional, _check_host_fields,
                                       _check_ray, _check_replay_layout)
@@ -145,6 +145,10 @@ class DQNConfig(_AgentConfig):
     """Hidden layer widths of the Q-network MLP."""
     activation: Literal["tanh", "relu"] = "relu"
     """Hidden activation."""
+    torso: Annotated[Any, tyro.conf.arg(constructor=str, metavar="STR",
+                                         help_behavior_hint="(default: auto)")] = "auto"
+    """The network's torso: 'auto', 'mlp', 'nature_cnn', 'small_cnn' or a user torso
+    'package.module:factory' (see PPOConfig.torso); the Q-heads sit on its features."""
     eval_every_env_steps: int = 25_000
     """Evaluate every this many env steps (rounded to whole iterations); also the logging interval."""
     eval_episodes: int = 10
@@ -269,6 +273,7 @@ class DQNConfig(_AgentConfig):
                 f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        _check_torso(self)
         if self.stop_at_return is not None:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:

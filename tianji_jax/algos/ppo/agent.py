@@ -17,14 +17,14 @@ from tianji_jax.algos import distributions
 from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metrics
 from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.algos.ppo.math import PPOBatch, gae, make_optimizer, ppo_update, vtrace
-from tianji_jax.networks import ActorCritic, check_network, choose_torso
+from tianji_jax.networks import ActorCritic, check_network, resolve_torso
 
 __all__ = ["PPOAgent", "make_network"]
 
 
 def make_network(config: PPOConfig) -> ActorCritic:
     """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box), its torso
-    chosen from the observation's layout and size (:func:`~tianji_jax.networks.choose_torso`).
+    chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`).
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
@@ -35,7 +35,7 @@ def make_network(config: PPOConfig) -> ActorCritic:
     action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
     shape = tuple(spec.observation_shape)
     network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
-                          activation=config.activation, torso=choose_torso(shape), obs_shape=shape)
+                          activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape)
     check_network(network, shape, spec.observation_space.dtype)
     return network
 

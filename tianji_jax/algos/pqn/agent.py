@@ -20,14 +20,14 @@ from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metr
 from tianji_jax.algos.ppo.math import make_optimizer
 from tianji_jax.algos.pqn.config import PQNConfig
 from tianji_jax.algos.pqn.math import PQNBatch, epsilon_at, epsilon_greedy, pqn_update, q_lambda_returns
-from tianji_jax.networks import QNetwork, check_network, choose_torso
+from tianji_jax.networks import QNetwork, check_network, resolve_torso
 
 __all__ = ["PQNAgent", "make_pqn_network"]
 
 
 def make_pqn_network(config: PQNConfig) -> QNetwork:
     """The Q-network for ``config``'s env: torso chosen from the observation's layout and size
-    (:func:`~tianji_jax.networks.choose_torso`), LayerNorm after every hidden layer when
+    (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`), LayerNorm after every hidden layer when
     ``config.layer_norm``, a linear head of ``A`` Q-values.
 
     Raises:
@@ -37,7 +37,7 @@ def make_pqn_network(config: PQNConfig) -> QNetwork:
     spec = config.env_spec
     shape = tuple(spec.observation_shape)
     network = QNetwork(action_dim=spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
-                       activation=config.activation, torso=choose_torso(shape), obs_shape=shape,
+                       activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape,
                        layer_norm=config.layer_norm)
     check_network(network, shape, spec.observation_space.dtype)
     return network
