@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import jax
+import numpy as np
 import pytest
 
 import tianji_jax as tj
@@ -122,3 +124,63 @@ def test_a_broken_plugin_is_skipped_with_a_warning(monkeypatch):
         names = tj.algorithm_names()
     assert names[:3] == ("ppo", "pqn", "dqn") and "broken" not in names
     assert registry.algorithm_for(tj.PPOConfig()).name == "ppo"
+
+
+# ---- a user's on-policy algorithm with only a config and an agent --------------------------------
+@dataclasses.dataclass(frozen=True)
+class SoftPQNConfig(tj.PQNConfig):
+    """A user variant of PQN: a Boltzmann (softmax) behaviour policy instead of epsilon-greedy."""
+
+    ALGO = "soft_pqn"
+    temperature: float = 1.0
+    """Softmax temperature of the behaviour policy, > 0."""
+
+    def _check_fields(self) -> None:
+        super()._check_fields()
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+def _soft_agent():
+    import jax
+    import jax.numpy as jnp
+
+    from tianji_jax.algos.pqn.agent import PQNAgent
+
+    class SoftPQNAgent(PQNAgent):
+        """Acts by sampling softmax(Q / temperature); learns as PQN."""
+
+        def policy(self, params, obs, key, version):
+            q = self.q_values(params, obs)
+            logits = q / self.config.temperature
+            action = jax.random.categorical(key, logits).astype(jnp.int32)
+            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
+            return action, action, log_prob, jnp.max(q, axis=-1)
+
+    return SoftPQNAgent
+
+
+def test_a_user_on_policy_algorithm_is_one_registration(tmp_path):
+    """A config subclass and an agent subclass, registered with ``agent=``: train (Anakin and async),
+    load, evaluate and config.json all come from the generic on-policy runtime."""
+    algo = tj.Algorithm(name="soft_pqn", config=SoftPQNConfig, data_path="on_policy", agent=_soft_agent(),
+                        description="PQN with a softmax behaviour policy")
+    tj.register_algorithm(algo)
+    try:
+        assert algo.train == "tianji_jax.host_on_policy:train_on_policy"
+        config = SoftPQNConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_env_steps=256,
+                               eval_every_env_steps=128, eval_episodes=2, temperature=0.5)
+        result = tj.train(config, run_dir=tmp_path / "run", progress=False)
+        assert result.curve["env_steps"][-1] == 256 and np.all(np.isfinite(result.curve["td_loss"]))
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["algo"] == "soft_pqn"
+        loaded = tj.load(tmp_path / "run")
+        assert isinstance(loaded.config, SoftPQNConfig) and loaded.config.temperature == 0.5
+        ev = tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=0)
+        assert ev["returns"].shape == (2,)
+        sync = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+        for x, y in zip(jax.tree.leaves(result.state.learner), jax.tree.leaves(sync.state.learner)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            SoftPQNConfig(temperature=0.0)
+    finally:
+        registry._REGISTRY.pop("soft_pqn", None)
