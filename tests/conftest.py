@@ -16,10 +16,14 @@ import pytest
 # process is loaded from disk in the next. Fresh per session (not ~/.cache/tianji_jax/xla): a test
 # run neither reads a warm cache left by an earlier one nor fills the user's. An explicit
 # TIANJI_COMPILATION_CACHE_DIR / JAX_COMPILATION_CACHE_DIR / TIANJI_COMPILATION_CACHE=0 wins.
-# Set before tianji_jax is imported: it reads the variables once, at import.
+# No size bound for this throw-away directory: with a bound, JAX's LRUCache lists the whole
+# directory and reads every entry's access time on each write (O(entries) per compilation, ~0.1 s
+# at 2000 entries here, quadratic over a suite). Set before tianji_jax is imported: it reads the
+# variables once, at import.
 if not any(os.environ.get(v) for v in ("TIANJI_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")):
     _SESSION_CACHE = tempfile.mkdtemp(prefix="tianji-test-xla-")
     os.environ["TIANJI_COMPILATION_CACHE_DIR"] = _SESSION_CACHE
+    os.environ.setdefault("TIANJI_COMPILATION_CACHE_MAX_BYTES", "-1")
     atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

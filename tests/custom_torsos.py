@@ -49,4 +49,18 @@ def unflattened() -> nn.Module:
     return Unflattened()
 
 
+class BatchDrop(nn.Module):
+    """A torso that returns one row whatever the batch: unusable by the heads."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        return nn.Dense(32)(jnp.mean(x, axis=0, keepdims=True))
+
+
+def batch_drop() -> nn.Module:
+    """The factory of :class:`BatchDrop`."""
+    return BatchDrop()
+
+
 NOT_A_FACTORY = 3

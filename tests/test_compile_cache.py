@@ -121,5 +121,5 @@ def test_clear_caches_disk_deletes_the_entries(tmp_path):
 def test_bad_max_bytes_warns_and_uses_the_default(tmp_path, value):
     work = "counts['max'] = jax.config.jax_compilation_cache_max_size"
     got = _run(work, TIANJI_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), TIANJI_COMPILATION_CACHE_MAX_BYTES=value)
-    assert got["max"] == 2 * 1024**3
+    assert got["max"] == 256 * 1024**2
     assert len(got["warnings"]) == 1 and "TIANJI_COMPILATION_CACHE_MAX_BYTES" in got["warnings"][0]

@@ -69,7 +69,7 @@ def test_a_callable_is_accepted_and_stored_as_its_import_path(tmp_path):
 
 
 @pytest.mark.parametrize("torso, match", [
-    ("custom_torsos:unflattened", r"torso 'custom_torsos:unflattened' returned features of shape \(1, 10, 10, 4\)"),
+    ("custom_torsos:unflattened", r"torso 'custom_torsos:unflattened' returned features of shape \(2, 10, 10, 4\)"),
     ("custom_torsos:NOT_A_FACTORY", r"torso='custom_torsos:NOT_A_FACTORY' names a int, not a factory"),
     ("custom_torsos:missing", r"torso='custom_torsos:missing': cannot import it"),
     ("no_such_module_xyz:f", r"torso='no_such_module_xyz:f': cannot import it"),
@@ -115,3 +115,27 @@ def test_a_user_torso_resumes_exactly(tmp_path):
     resumed = tj.train(config, run_dir=tmp_path / "cut", progress=False, resume=True)
     for x, y in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn", "dqn"])
+@pytest.mark.parametrize("torso, match", [
+    ("small_cnn", r"torso='small_cnn' needs image observations .* got shape \(4,\); allowed here: 'auto', 'mlp'"),
+    ("nature_cnn", r"torso='nature_cnn' needs channels-first image observations .* got shape \(4,\)"),
+])
+def test_a_builtin_torso_that_cannot_take_the_observation_is_a_config_error(algo, torso, match):
+    cls, kw = SMALL[algo]
+    with pytest.raises(ValueError, match=match) as info:
+        cls(**{**kw, "env": "gymnax:CartPole-v1"}, torso=torso)
+    assert "\n" not in str(info.value)
+
+
+def test_layer_norm_applies_to_a_user_torsos_features():
+    with_ln = tj.make_train(tj.PQNConfig(**SMALL_PPO, torso="custom_torsos:wide"), 1)
+    without = tj.make_train(tj.PQNConfig(**SMALL_PPO, torso="custom_torsos:wide", layer_norm=False), 1)
+    names = lambda t: _leaf_names(t.init(jax.random.PRNGKey(0)).params)  # noqa: E731
+    assert any("LayerNorm" in n for n in names(with_ln)) and not any("LayerNorm" in n for n in names(without))
+
+
+def test_a_torso_that_drops_the_batch_axis_is_refused():
+    with pytest.raises(ValueError, match=r"torso 'custom_torsos:batch_drop' returned features of shape \(1, 32\)"):
+        tj.train(tj.PPOConfig(**SMALL_PPO, torso="custom_torsos:batch_drop"), progress=False)

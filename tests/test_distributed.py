@@ -1,8 +1,9 @@
 """Multi-host learners on jax.distributed, tested with two local processes on 127.0.0.1 (gloo CPU
 collectives, 2 CPU devices per process): replicas identical on every process after every update,
 the global update equals the single-process update on the concatenated batch, each process is fed
-only its half, and a dead process makes the survivor exit non-zero with a tianji line first.
-Every child is killed by its pid at the end."""
+only its half, and a dead process makes the survivor exit non-zero with a tianji line first;
+resume of a two-process run from its consistent cut (bit for bit under sync on gymnax; host envs
+resume and continue). Every child is killed by its pid at the end."""
 
 from __future__ import annotations
 
@@ -272,3 +273,139 @@ def test_a_lone_process_reports_a_bad_flag_before_waiting_for_its_peers(tmp_path
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "num_learner_groups=2 is not supported with num_processes=2" in proc.stderr
     assert time.monotonic() - t0 < 60
+
+
+# ---- resume of multi-host runs ----------------------------------------------------------------------
+_TRAIN_WORKER = textwrap.dedent('''
+    import os, sys
+    pid, port, run_dir, env, stop_after = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    import jax
+    jax.config.update("jax_num_cpu_devices", 2)
+    from tianji_jax.runtime import distributed as dist
+    dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
+    import tianji_jax as tj
+    cfg = tj.PPOConfig(env=env, num_envs=4, num_steps=16, update_epochs=2, num_minibatches=1, eval_episodes=0,
+                       runtime="async", schedule="sync", total_env_steps=2 * 64 * 6, eval_every_env_steps=256,
+                       num_processes=2, process_id=pid, coordinator=f"127.0.0.1:{port}")
+
+    class Interrupt(Exception):
+        pass
+
+    rows = []
+
+    def stop(row):
+        rows.append(row)
+        if len(rows) == stop_after:
+            raise Interrupt
+
+    try:
+        tj.train(cfg, run_dir=run_dir, progress=False, tensorboard=False, callback=stop if stop_after else None)
+    except Interrupt:  # both processes stop after the same row; wait for each other, then leave at once
+        dist.kv_set(f"test/stopped/{pid}", "1")
+        dist.kv_get(f"test/stopped/{1 - pid}", 120, "the other process to stop")
+        print("worker interrupted", file=sys.stderr, flush=True)
+        os._exit(0)
+    print("worker finished", file=sys.stderr, flush=True)
+''')
+
+
+def _run_pair(procs: list[_Proc], timeout: float = 300) -> list[_Proc]:
+    try:
+        rcs = [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    return procs
+
+
+def _train_workers(tmp_path: Path, run_dir: Path, env: str, stop_after: int) -> list[_Proc]:
+    """Two processes of ``_TRAIN_WORKER`` (a 6-update sync run, a row and a checkpoint every 2
+    updates), both given ``run_dir``; ``stop_after`` rows > 0: interrupted from the callback."""
+    script = tmp_path / "train_worker.py"
+    script.write_text(_TRAIN_WORKER)
+    port = _free_port()
+    return _run_pair([_Proc([str(script), str(i), str(port), str(run_dir), env, str(stop_after)], tmp_path)
+                      for i in range(2)])
+
+
+def _resume_pair(tmp_path: Path, run_dir: Path) -> list[_Proc]:
+    """Both processes launched again through the CLI with ``--resume RUN_DIR`` (the shared directory)."""
+    port = _free_port()
+    return _run_pair([_Proc(["-c", CLI, "train", "--resume", str(run_dir), "--progress", "False", "--tensorboard",
+                             "False", "--num-processes", "2", "--process-id", str(i), "--coordinator",
+                             f"127.0.0.1:{port}", "--heartbeat-timeout-s", "10"], tmp_path) for i in range(2)])
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    import csv
+
+    timing = {"wall_time_s", "sps", "production_sps", "consumed_sps", "actor_wait_frac", "learner_wait_frac",
+              "queue_depth", "inference_s", "env_step_s", "rollout_s", "h2d_s", "update_s"}
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in r.items() if k not in timing} for r in csv.DictReader(f)]
+
+
+@pytest.mark.slow  # three launches of two jax.distributed processes: about 2-3 min on 2 cores
+@pytest.mark.timeout(900)
+def test_two_process_sync_run_resumes_bit_exactly_from_its_consistent_cut(tmp_path):
+    """Run A: two processes train 6 updates uninterrupted. Run B: the same, interrupted from the
+    callback after the first row (a checkpoint at update 2: process 0's checkpoint with the learner,
+    process 1's part with its own actors), then both processes resumed through the CLI. Every
+    update's params digest, the final params, the final cut (learner, both processes' actors and
+    counters) and the metrics rows equal run A's."""
+    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint_io import load_process_part, part_path
+
+    full, cut = tmp_path / "A", tmp_path / "B"
+    a = _train_workers(tmp_path, full, "CartPole-v1", 0)
+    b = _train_workers(tmp_path, cut, "CartPole-v1", 1)
+    assert all("worker interrupted" in p.text for p in b)
+    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [256]
+    assert part_path(cut, 256, 1).is_file()
+    assert not (cut / "process_parts" / "0").exists()
+    r = _resume_pair(tmp_path, cut)
+    assert all("resuming the async run at policy version 2 (256 env steps)" in p.text for p in r)
+    want = _digests(a[0].text)
+    assert sorted(want) == [1, 2, 3, 4, 5, 6] and _digests(a[1].text) == want and len(set(want.values())) == 6
+    for p in b:  # before the interruption (the learner may have run ahead of the row)
+        got = _digests(p.text)
+        assert {1, 2} <= set(got) and got == {u: want[u] for u in got}
+    for p in r:  # after the resume: updates 3..6, bit for bit
+        assert _digests(p.text) == {u: want[u] for u in (3, 4, 5, 6)}
+    for x, y in zip(jax.tree.leaves(tj.load_params(full)), jax.tree.leaves(tj.load_params(cut))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    la, lb = tj.load(full), tj.load(cut)
+    assert la.step == lb.step == 768 and la.meta["async_counters"] == lb.meta["async_counters"]
+    for x, y in zip(jax.tree.leaves(la.state), jax.tree.leaves(lb.state)):  # learner + process 0's actors
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    (pa, ia), (pb, ib) = (load_process_part(d, 768, 1, lb.state.actor) for d in (full, cut))
+    assert ia == ib and ia["async_counters"]["taken"] == 6 * 64  # process 1's own queue: 64 env steps an update
+    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):  # process 1's actors
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not np.array_equal(np.asarray(pa.obs), np.asarray(lb.state.actor.obs))  # its own, not process 0's
+    assert _rows(full) == _rows(cut) and [int(r_["env_steps"]) for r_ in _rows(cut)] == [256, 512, 768]
+    assert sorted(p.name for p in (cut / "process_parts").iterdir()) == sorted(
+        p.name for p in (cut / "checkpoints").iterdir() if p.name.isdigit())  # parts pruned with their checkpoints
+
+
+@pytest.mark.slow  # two launches of two jax.distributed processes on host envs: about 2 min on 2 cores
+@pytest.mark.timeout(600)
+def test_two_process_host_env_run_resumes_and_continues(tmp_path):
+    """Host (envpool) actors keep no state: each process re-seeds its envs on resume (its own seed),
+    restores its own queue counters from its part and the run continues to the end with identical
+    replicas."""
+    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint_io import load_process_part
+
+    run = tmp_path / "run"
+    _train_workers(tmp_path, run, "envpool:CartPole-v1", 1)
+    r = _resume_pair(tmp_path, run)
+    assert all("host envs are re-seeded" in p.text for p in r)
+    d0, d1 = _digests(r[0].text), _digests(r[1].text)
+    assert sorted(d0) == [3, 4, 5, 6] and d0 == d1 and len(set(d0.values())) == 4
+    loaded = tj.load(run)
+    assert loaded.step == 768 and int(loaded.state.learner.version) == 6 and loaded.state.actor is None
+    actor, info = load_process_part(run, 768, 1, None)
+    assert actor is None and info["async_counters"]["taken"] == 6 * 64 and info["has_actor"] is False
+    assert [int(r_["env_steps"]) for r_ in _rows(run)] == [256, 512, 768]

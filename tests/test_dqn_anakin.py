@@ -378,4 +378,4 @@ def test_cli_algo_dqn_help_and_errors(capsys):
     err = capsys.readouterr().err
     assert err.startswith("tianji train: error: ") and "replay_ratio" in err
     assert _exit_code(["train", "--help"]) in (0, None)
-    assert "--algo {ppo,dqn}" in capsys.readouterr().out
+    assert "--algo {ppo,pqn,dqn}" in capsys.readouterr().out

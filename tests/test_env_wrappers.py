@@ -239,11 +239,14 @@ def test_frame_stack_images_gain_a_trailing_axis():
 def test_frame_stack_minatar_shape_and_resolve():
     spec = resolve_env("gymnax:Breakout-MinAtar|frame_stack=4")
     assert spec.name == "Breakout-MinAtar|frame_stack=4"
-    assert spec.observation_shape == (10, 10, 4, 4)
+    assert spec.observation_shape == (10, 10, 16)   # frames folded into the channel axis, newest last
     assert spec.max_episode_steps == 1000
     state, obs = jax.jit(GymnaxVecEnv(spec, 2).reset)(jax.random.PRNGKey(0))
-    assert obs.shape == (2, 10, 10, 4, 4)
-    assert not np.asarray(obs[..., :3]).any() and np.asarray(obs[..., 3]).any()
+    assert obs.shape == (2, 10, 10, 16)
+    assert not np.asarray(obs[..., :12]).any() and np.asarray(obs[..., 12:]).any()
+    from tianji_jax.networks import choose_torso
+
+    assert choose_torso(spec.observation_shape) == "small_cnn"   # read as channels-last
 
 
 @pytest.mark.parametrize("k", [0, -1, True, 2.0])

@@ -1,6 +1,8 @@
 """The run checkpointer: :class:`RunCheckpointer` writes and reads the orbax checkpoints of one run
 directory (``RUN_DIR/checkpoints/<env_steps>/``); what a checkpoint holds, the format policy and
 the compatibility checks are :mod:`tianji_jax.checkpoint`'s (which re-exports this module's names).
+Multi-host runs add each other process's part of a checkpoint cut
+(``RUN_DIR/process_parts/<env_steps>/process_<i>.npz``: :func:`save_process_part`).
 
 The format constants (``FORMAT_VERSION``, ``MIGRATIONS``, ``ALLOWED_MISSING_LEAVES``) are read from
 :mod:`tianji_jax.checkpoint` at call time, so a test or a migration that replaces them there is seen here.
@@ -25,7 +27,8 @@ from tianji_jax import checkpoint as fmt
 from tianji_jax.checkpoint import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
 from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads, warn
 
-__all__ = ["RunCheckpointer", "Restored"]
+__all__ = ["RunCheckpointer", "Restored", "part_path", "save_process_part", "load_process_part",
+           "prune_process_parts"]
 
 
 def _collect_quietly() -> None:
@@ -223,7 +226,7 @@ class RunCheckpointer:
         """
         step = self._pick(step)
         meta = meta if meta is not None else self.read_meta(step)
-        device = jax.devices()[0]
+        device = jax.local_devices()[0]  # this process's (multi-host: jax.devices()[0] is process 0's)
         sharding = jax.sharding.SingleDeviceSharding(device)
         stored = _stored_records(meta)
         abstract = {key: jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]), sharding=sharding)
@@ -301,3 +304,89 @@ def _materialise(x: Any, device: Any) -> jax.Array:
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.device_put(np.zeros(x.shape, x.dtype), device)
     return jax.device_put(np.asarray(x), device)
+
+
+def part_path(run_dir: str | Path, step: int, process: int) -> Path:
+    """Where process ``process`` (> 0) of a multi-host run keeps its part of checkpoint ``step``:
+    ``RUN_DIR/process_parts/<step>/process_<process>.npz``."""
+    return Path(run_dir) / "process_parts" / str(int(step)) / f"process_{int(process)}.npz"
+
+
+def _digest(arrays: list[np.ndarray], info: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256(info.encode())
+    for a in arrays:
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def save_process_part(run_dir: str | Path, step: int, process: int, actor: Any, info: dict) -> Path:
+    """Write process ``process``'s part of multi-host checkpoint ``step`` (:func:`part_path`): its
+    actors' state ``actor`` (a pytree of arrays, or None for host actors) and ``info`` (JSON: the
+    cut's counters of its own queue, its actor layout), with a sha256 over both, written to a
+    temporary file, flushed to disk and renamed: the file exists only complete."""
+    import json
+    import os
+
+    path = part_path(run_dir, step, process)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(actor))] if actor is not None else []
+    text = json.dumps(info, sort_keys=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, info=np.asarray(text), digest=np.asarray(_digest(leaves, text)),
+                 **{f"leaf_{i:05d}": a for i, a in enumerate(leaves)})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_process_part(run_dir: str | Path, step: int, process: int, template: Any) -> tuple[Any, dict]:
+    """``(actor, info)`` of :func:`save_process_part`, the actor state in ``template``'s structure
+    (None: host actors, no state) on this process's first local device.
+
+    Raises:
+        CheckpointError: the part is missing (that process never finished writing it).
+        CorruptCheckpointError: it cannot be read, fails its sha256, or does not match ``template``.
+    """
+    import json
+
+    path = part_path(run_dir, step, process)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: process {process}'s part of checkpoint {step} of this "
+                              "multi-host run (the run directory must be on a filesystem every process sees)")
+    directory = Path(run_dir) / "process_parts"
+    try:
+        with np.load(path) as z:
+            text, digest = str(z["info"]), str(z["digest"])
+            leaves = [z[k] for k in sorted(k for k in z.files if k.startswith("leaf_"))]
+    except Exception as err:  # noqa: BLE001 - numpy/zipfile raise many types
+        raise CorruptCheckpointError(directory, step, f"{path.name}: {one_line(err)}") from None
+    if _digest(leaves, text) != digest:
+        raise CorruptCheckpointError(directory, step, f"{path.name} fails its sha256: its data is corrupt")
+    if template is None:
+        return None, json.loads(text)
+    flat, treedef = jax.tree.flatten(template)
+    if [(tuple(x.shape), np.dtype(x.dtype)) for x in flat] != [(a.shape, a.dtype) for a in leaves]:
+        raise CorruptCheckpointError(directory, step, f"{path.name} does not hold this config's actor states")
+    device = jax.local_devices()[0]
+    return jax.tree.unflatten(treedef, [jax.device_put(a, device) for a in leaves]), json.loads(text)
+
+
+def prune_process_parts(run_dir: str | Path) -> None:
+    """Delete the parts of steps older than the newest complete checkpoint in ``RUN_DIR/checkpoints``
+    (a directory named by its step; orbax renames a checkpoint there once it is complete) and not
+    among them: those of checkpoints the retention policy removed. Newer ones (a save in
+    progress) stay."""
+    import shutil
+
+    root, ckpts = Path(run_dir) / "process_parts", Path(run_dir) / "checkpoints"
+    keep = [int(d.name) for d in ckpts.iterdir() if d.name.isdigit() and d.is_dir()] if ckpts.is_dir() else []
+    if not keep or not root.is_dir():
+        return
+    for d in root.iterdir():
+        if d.name.isdigit() and int(d.name) < max(keep) and int(d.name) not in keep:
+            shutil.rmtree(d, ignore_errors=True)

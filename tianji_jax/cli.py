@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import tyro
 
 from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
+from tianji_jax.cli_argv import whole_floats_to_ints
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -115,37 +116,6 @@ def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
-
-
-def _whole_floats_to_ints(argv: list[str]) -> list[str]:
-    """``argv`` with the whole-number float values of int options written as ints (``--total-env-steps 1e6``
-    -> ``1000000``), as the configs accept ``1e6`` for an int field; other values are left to the parser."""
-    import dataclasses
-
-    names = {f.name for cls in (PPOConfig, DQNConfig, CheckpointConfig) for f in dataclasses.fields(cls)
-             if f.type in ("int", "int | None")}
-    flags = {f"--{n}" for n in names} | {f"--{n.replace('_', '-')}" for n in names}
-
-    def whole(value: str) -> str:
-        try:
-            int(value)
-            return value
-        except ValueError:
-            pass
-        try:
-            number = float(value)
-        except ValueError:
-            return value
-        return str(int(number)) if number.is_integer() else value
-
-    out = list(argv)
-    for i, arg in enumerate(out):
-        flag, eq, value = arg.partition("=")
-        if flag in flags and eq:
-            out[i] = f"{flag}={whole(value)}"
-        elif arg in flags and i + 1 < len(out):
-            out[i + 1] = whole(out[i + 1])
-    return out
 
 
 def _algo_of(argv: list[str]) -> str:
@@ -243,7 +213,7 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
 
 
 def _train(argv: list[str]) -> int:
-    argv = _whole_floats_to_ints(argv)
+    argv = whole_floats_to_ints(argv)
     if "--help" not in argv and "-h" not in argv:
         status = _multi_host(argv)
         if status is not None:
@@ -290,7 +260,7 @@ def _train(argv: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then
         from tianji_jax.run_status import interrupt_message
 
-        resumable = getattr(config, "num_processes", 1) == 1 and getattr(config, "num_learner_groups", 1) == 1
+        resumable = getattr(config, "num_learner_groups", 1) == 1  # multi-host runs resume too
         if args.resume is not None:  # a resume that fell back to an older checkpoint went on in a new directory
             from tianji_jax.checkpoint_verify import continued_in
 
@@ -492,5 +462,21 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def console_main() -> None:
+    """The ``tianji`` command: :func:`main`, then exit. After Ctrl-C (status 130) the process ends
+    at once, without the interpreter's teardown, which joins every non-daemon thread: a library's
+    background thread interrupted mid-task (orbax finalising a checkpoint) can block it forever.
+    Everything tianji writes is closed by then; an unfinished checkpoint is a temporary directory
+    that a resume skips."""
+    status = main()
+    if status == 130:
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -122,17 +122,18 @@ def _torso_text(config: Any) -> str:
     return (f"small CNN (16 3x3 filters) + {mlp} torso{chosen}" if torso == "small_cnn" else f"{mlp} torso{chosen}")
 
 
-def _check_torso(config: Any) -> None:
-    """``torso``: ``'auto'``, a built-in torso name, or a user torso (an import path
-    ``'package.module:factory'`` that imports, or a callable).
+def _check_torso(config: Any, obs_shape: tuple[int, ...]) -> None:
+    """``torso``: ``'auto'``, a built-in torso name that takes observations of ``obs_shape``, or a
+    user torso (an import path ``'package.module:factory'`` that imports, or a callable).
 
     Raises:
         ValueError: one line naming the value and what is allowed.
     """
-    from tianji_jax.networks import TORSOS, torso_factory
+    from tianji_jax.networks import TORSOS, resolve_torso, torso_factory
 
     torso = config.torso
     if torso == "auto" or (isinstance(torso, str) and torso in TORSOS):
+        resolve_torso(torso, obs_shape)  # a built-in torso that cannot take this observation
         return
     if isinstance(torso, str) and ":" not in torso:
         raise ValueError(f"torso must be one of {('auto', *TORSOS)} or a user torso 'package.module:factory', "

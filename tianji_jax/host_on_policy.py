@@ -58,8 +58,8 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
 
         # device errors before the run dir exists
         placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
-    if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
-        run_dir, progress = None, False
+    if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run (the
+        progress = False  # others only their parts of its checkpoints, into its directory: RunFiles)
     start = time.perf_counter()
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
@@ -72,7 +72,7 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
     algo = algorithm_for(config)
     files = RunFiles(config, algo.name, derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                     resumable=config.num_processes == 1 and config.num_learner_groups == 1)
+                     resumable=config.num_learner_groups == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -121,7 +121,10 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
 
     After each row the checkpoint cut of that version (:meth:`AsyncOnPolicy.cut`: the learner state,
     each gymnax actor's state right after its newest consumed rollout, the queue's counters; host
-    actors have no saved state) is checkpointed from the host loop; a resume continues from it."""
+    actors have no saved state) is checkpointed from the host loop; a resume continues from it.
+    Multi-host: the learner state is replicated and process 0's checkpoint holds it with process
+    0's actors and counters; every other process writes its own actors and counters as its part
+    of the same cut (:meth:`~tianji_jax.run_files.RunFiles.maybe_save`)."""
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
     wired = AsyncOnPolicy(config, restore=host_loop.async_restore(files.restored))

@@ -117,9 +117,10 @@ _NATURE_MIN_HW = 36  # smallest H, W for which the Nature CNN's three VALID conv
 
 
 def _channels_first(shape: tuple[int, ...]) -> bool:
-    """A rank-3 image shape is channels-first when its first axis is the smallest and is not also
-    the smallest-or-equal last axis (``(4, 84, 84)`` yes; ``(10, 10, 4)`` no)."""
-    return shape[0] < shape[2] and shape[0] <= min(shape[1:])
+    """A rank-3 image shape is channels-first when its first axis is smaller than both others
+    (``(4, 84, 84)`` yes; ``(10, 10, 4)`` and ``(10, 10, 16)``, MinAtar's planes with 4 stacked
+    frames, no)."""
+    return shape[0] < shape[1] and shape[0] < shape[2]
 
 
 def choose_torso(obs_shape: tuple[int, ...]) -> str:
@@ -191,14 +192,30 @@ def resolve_torso(torso: Any, obs_shape: tuple[int, ...]) -> Any:
     if torso == "auto":
         return choose_torso(obs_shape)
     if isinstance(torso, str) and torso in TORSOS:
+        shape = tuple(int(d) for d in obs_shape)
+        if torso == "nature_cnn" and not (len(shape) == 3 and _channels_first(shape)
+                                          and min(shape[1:]) >= _NATURE_MIN_HW):
+            raise ValueError(f"torso='nature_cnn' needs channels-first image observations (C, H, W) with H, W >= "
+                             f"{_NATURE_MIN_HW} (Atari frame stacks), got shape {shape}; allowed here: "
+                             f"{_fitting(shape)}")
+        if torso == "small_cnn" and not (len(shape) == 3 and min(shape[1:] if _channels_first(shape)
+                                                                   else shape[:2]) >= 3):
+            raise ValueError(f"torso='small_cnn' needs image observations (H, W, C) or (C, H, W) of at least 3x3, "
+                             f"got shape {shape}; allowed here: {_fitting(shape)}")
         return torso
     return torso_factory(torso)
+
+
+def _fitting(shape: tuple[int, ...]) -> str:
+    """The built-in torsos that take observations of ``shape`` (for error messages)."""
+    return ", ".join(repr(t) for t in ("auto", "mlp") + ((choose_torso(shape),) if choose_torso(shape) != "mlp" else ())
+                     ) + " or a user torso"
 
 
 def _custom_features(torso: Any, obs: jax.Array) -> jax.Array:
     """Features ``(B, F)`` float32 from a user torso factory's module."""
     x = torso()(obs)
-    if x.ndim != 2:
+    if x.ndim != 2 or x.shape[0] != obs.shape[0]:
         raise ValueError(f"torso {torso_path(torso)!r} returned features of shape {tuple(x.shape)}; the heads need "
                          "(batch, features): flatten its output (x.reshape((x.shape[0], -1)))")
     return x.astype(jnp.float32)
@@ -220,7 +237,7 @@ def check_network(network: nn.Module, obs_shape: tuple[int, ...], obs_dtype: Any
     Raises:
         ValueError: naming the observation shape, the torso and the first zero-size parameter.
     """
-    dummy = jax.ShapeDtypeStruct((1, *obs_shape), obs_dtype)
+    dummy = jax.ShapeDtypeStruct((2, *obs_shape), obs_dtype)  # batch 2: a torso that drops the batch axis fails
     torso = getattr(network, "torso", None)
     try:
         shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), dummy)
@@ -341,8 +358,8 @@ class QNetwork(nn.Module):
     def _torso(self, obs: jax.Array) -> jax.Array:
         if self.torso == "nature_cnn":
             x = NatureCNN(layer_norm=self.layer_norm)(obs)
-        elif callable(self.torso):  # a user torso: the heads sit on its features
-            x = _custom_features(self.torso, obs)
+        elif callable(self.torso):  # a user torso: the heads sit on its features (normalised with layer_norm)
+            x = _norm(self.layer_norm, _custom_features(self.torso, obs))
         else:
             act = _ACT[self.activation]
             if self.torso == "small_cnn":

@@ -5,6 +5,7 @@ the state restored on resume) and the layout of the train states its checkpoints
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -24,6 +25,13 @@ from tianji_jax.runtime.anakin import PPOTrainState, shared_train as make_train
 __all__ = ["RunFiles", "state_template", "stack_actors", "unstack_actors"]
 
 
+_RUN_IDS = itertools.count()  # RunFiles made in this process: every process of a job makes them in the same order
+_WAIT_S = 900.0  # seconds one process waits for another's announcement or checkpoint part
+_LAUNCH_FIELDS = ("process_id", "coordinator", "heartbeat_timeout_s")
+"""Config fields of a multi-host job's launch that may differ between a run and its resume (the
+job is launched anew; they do not change what is computed)."""
+
+
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
 
@@ -32,6 +40,13 @@ class RunFiles:
     """The run directory of one :func:`~tianji_jax.training.train` call: config/provenance files,
     the metrics sink (CSV + TensorBoard + W&B), checkpoints, and the state restored on resume.
     Without a ``run_dir`` only the in-memory rows are kept.
+
+    Multi-host runs (``num_processes > 1``; docs/runtime.md, "Multi-host checkpoints and resume"):
+    process 0 owns the directory and announces it (its resolved path, its checkpoint settings, the
+    step it resumes from) in the job's key-value store; every other process ignores its own
+    ``run_dir``, writes its part of each checkpoint cut into process 0's directory and, on resume,
+    restores the learner from process 0's checkpoint and its own actors and counters from its
+    part. The directory must be on a filesystem every process sees, at the same path.
 
     Args:
         config: the run's config.
@@ -49,7 +64,6 @@ class RunFiles:
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
                  resumable: bool):
         from tianji_jax import checkpoint as ckpt
-        from tianji_jax.checkpoint_verify import restore_for_resume
 
         self.config, self.algo, self.resumable = config, algo, resumable
         self.ckpt_cfg = checkpoint if checkpoint is not None else CheckpointConfig()
@@ -62,34 +76,86 @@ class RunFiles:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.config_dict = {**config.to_dict(), "algo": algo}
         self.packages = provenance()["packages"]
+        self.check_versions = check_versions
+        # multi-host (num_processes > 1): process 0 writes the run directory, every other process
+        # its part of each checkpoint cut into process 0's directory (``parts_dir``), coordinated
+        # through the job's key-value store under ``_kv``
+        self.num_processes = getattr(config, "num_processes", 1)
+        if self.num_processes > 1:
+            from tianji_jax.runtime import distributed as dist
+
+            if not dist.is_initialized() or dist.process_count() != self.num_processes:
+                raise ValueError(f"num_processes={self.num_processes}: this process has not joined that "
+                                 "jax.distributed job (tianji train joins it with --num-processes P --process-id I "
+                                 "--coordinator HOST:PORT, also for --resume)")
+        self.process = jax.process_index() if self.num_processes > 1 else 0
+        self.parts_dir: Path | None = None
+        self._kv = f"tianji/run_files/{next(_RUN_IDS)}" if self.num_processes > 1 else ""
+        if self.process > 0:
+            self.run_dir = None  # process 0's directory (announced) receives this process's parts only
+            self._follow()
+            return
+        try:
+            self._open(resume, checkpoint is None, tensorboard, wandb, derived)
+        except BaseException as err:
+            if self._kv:  # the other processes wait for the announcement: tell them why it will not come
+                from tianji_jax.checkpoint_verify import one_line
+                from tianji_jax.runtime import distributed as dist
+
+                dist.kv_set(self._kv + "/announce", json.dumps({"error": one_line(err)}))
+            raise
+        if self._kv:
+            from tianji_jax.runtime import distributed as dist
+
+            self.parts_dir = self.run_dir.resolve() if self.run_dir is not None else None
+            dist.kv_set(self._kv + "/announce", json.dumps({
+                "run_dir": str(self.parts_dir) if self.parts_dir is not None else "",
+                "step": self.restored.step if self.restored is not None else None,
+                "checkpoint": self.ckpt_cfg.to_dict()}))
+
+    def _check(self, meta: dict) -> None:
+        """Raise for a checkpoint this config cannot continue (raised, not skipped)."""
+        from tianji_jax import checkpoint as ckpt
+
+        config, algo, run_dir = self.config, self.algo, self.run_dir or self.parts_dir
+        if meta.get("algo") != algo:
+            raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, "
+                                           f"the config given is {algo!r}")
+        saved = meta["config"]  # a multi-host job is launched anew: its launch fields may differ
+        given = {**self.config_dict, **{k: saved[k] for k in _LAUNCH_FIELDS if k in saved and k in self.config_dict}}
+        ckpt.check_compatible(saved, given, meta.get("packages") if self.check_versions else None,
+                              self.packages if self.check_versions else None)
+        if not meta.get("resumable", False):
+            groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
+            why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
+                   f"written by a multi-host async run (num_processes={procs}) of a tianji_jax without multi-host "
+                   "resume" if procs > 1 else
+                   "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
+            raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
+                             "tianji_jax.load and tianji eval. Allowed: resume runs without learner groups, "
+                             "written by this version")
+        if algo == "dqn" and not meta.get("includes_replay", False):
+            raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
+                             "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
+
+    def _template(self, meta: dict) -> Any:
+        return state_template(self.config, meta.get("has_actor", True), meta.get("stacked_actors", 0))
+
+    def _open(self, resume: bool, own_checkpoint: bool, tensorboard: bool, wandb: bool, derived: dict) -> None:
+        """Create or reopen the run directory (the only process that writes it)."""
+        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint_verify import restore_for_resume
+
         if self.run_dir is None:
             return
         run_dir = self.run_dir
         if resume:
-            def check(meta: dict) -> None:  # a checkpoint this config cannot continue (raised, not skipped)
-                if meta.get("algo") != algo:
-                    raise ckpt.ConfigMismatchError(f"cannot resume: the checkpoint is a {meta.get('algo')!r} run, "
-                                                   f"the config given is {algo!r}")
-                ckpt.check_compatible(meta["config"], self.config_dict,
-                                      meta.get("packages") if check_versions else None,
-                                      self.packages if check_versions else None)
-                if not meta.get("resumable", False):
-                    groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
-                    why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
-                           f"written by a multi-host async run (num_processes={procs})" if procs > 1 else
-                           "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
-                    raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
-                                     "tianji_jax.load and tianji eval. Allowed: resume single-process runs without "
-                                     "learner groups, written by this version")
-                if algo == "dqn" and not meta.get("includes_replay", False):
-                    raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
-                                     "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
-
             # the newest intact checkpoint; an older one than the newest continues in a new directory
-            self.restored, run_dir = restore_for_resume(run_dir, lambda m: state_template(
-                config, m.get("has_actor", True), m.get("stacked_actors", 0)), check)
+            self.restored, run_dir = restore_for_resume(run_dir, self._template, self._check)
+            if self.num_processes > 1:  # every other process's part of the cut, next to it
+                self._carry_parts(self.run_dir, run_dir, self.restored.step)
             self.run_dir, meta = run_dir, self.restored.meta
-            if checkpoint is None and isinstance(meta.get("checkpoint"), dict):  # the run's own settings
+            if own_checkpoint and isinstance(meta.get("checkpoint"), dict):  # the run's own settings
                 self.ckpt_cfg = CheckpointConfig(**meta["checkpoint"])
             self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
             self.rows = list(self.restored.rows)
@@ -99,7 +165,7 @@ class RunFiles:
         else:
             check_new_run_dir(run_dir)  # rows or checkpoints; a run stopped before its first row may start again
             run_dir.mkdir(parents=True, exist_ok=True)
-            resolved = {**self.config_dict, "derived": derived, "description": config.describe()}
+            resolved = {**self.config_dict, "derived": derived, "description": self.config.describe()}
             _write_json(run_dir / "config.json", resolved)
             _write_json(run_dir / "provenance.json", provenance())
             self.ckptr = ckpt.RunCheckpointer(run_dir, **self._ckpt_opts())
@@ -117,6 +183,56 @@ class RunFiles:
                 lg.close()
             raise
         self.sink = MetricsSink(loggers)
+
+    def _carry_parts(self, old: Path, new: Path, step: int) -> None:
+        """Process 0 of a multi-host resume: check that every other process's part of checkpoint
+        ``step`` is there (in ``old``), and copy them into ``new`` when the resume continues in a
+        new directory."""
+        import shutil
+
+        from tianji_jax.checkpoint import CheckpointError
+        from tianji_jax.checkpoint_io import part_path
+
+        missing = [str(part_path(old, step, i)) for i in range(1, self.num_processes)
+                   if not part_path(old, step, i).is_file()]
+        if missing:
+            raise CheckpointError(f"cannot resume the multi-host run in {str(old)!r} at checkpoint {step}: the parts "
+                                  f"of the other processes are missing ({', '.join(missing)})")
+        if Path(new) != Path(old):
+            shutil.copytree(part_path(old, step, 1).parent, part_path(new, step, 1).parent, dirs_exist_ok=True)
+
+    def _follow(self) -> None:
+        """Process i > 0 of a multi-host run: wait for process 0's run directory, checkpoint
+        settings and resume step; on resume restore the learner state from process 0's
+        checkpoint (the replicated learner) and this process's actors and counters from its part."""
+        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint_io import load_process_part
+        from tianji_jax.runtime import distributed as dist
+
+        info = json.loads(dist.kv_get(self._kv + "/announce", _WAIT_S, "process 0 to open the run directory"))
+        if "error" in info:
+            raise ValueError(f"process 0 could not open the run: {info['error']}")
+        self.ckpt_cfg = CheckpointConfig(**info["checkpoint"])
+        if not info["run_dir"]:
+            return  # process 0 writes no run directory: no checkpoints
+        self.parts_dir, step = Path(info["run_dir"]), info["step"]
+        if step is None:
+            return
+        reader = ckpt.RunCheckpointer(self.parts_dir, read_only=True)
+        try:
+            meta = reader.read_meta(step)
+            self._check(meta)
+            restored = reader.restore(self._template(meta), step=step, meta=meta)
+        finally:
+            reader.close()
+        template = restored.state.actor
+        actor, part = load_process_part(self.parts_dir, step, self.process, template)
+        self.restored = ckpt.Restored(state=restored.state.replace(actor=actor),
+                                      meta={**restored.meta, "async_counters": part["async_counters"]},
+                                      rows=restored.rows, step=restored.step)
+        self.rows = list(restored.rows)
+        self.last_saved = restored.step
+        self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
 
     def _ckpt_opts(self) -> dict:
         c = self.ckpt_cfg
@@ -141,24 +257,56 @@ class RunFiles:
                 self.sink.write(row)
 
     def maybe_save(self, state: Any, env_steps: int, extra: dict, *, finished: bool) -> None:
-        """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``."""
-        if self.ckptr is None or self.last_saved == env_steps:
+        """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``.
+
+        Multi-host: process i > 0 writes its part of the cut (its actors, ``extra``'s counters)
+        into process 0's directory (:func:`~tianji_jax.checkpoint_io.save_process_part`) and
+        reports it in the job's key-value store; process 0 waits for every report before it
+        writes the checkpoint, so a complete checkpoint always has every part."""
+        if self.last_saved == env_steps or (self.ckptr is None and self.parts_dir is None):
             return
         every = self.ckpt_cfg.checkpoint_every_env_steps
         due = every is None or self.last_saved is None or env_steps // every > self.last_saved // every
         if not (due or finished):
             return
+        if self.process > 0:
+            from tianji_jax.checkpoint_io import save_process_part
+            from tianji_jax.runtime import distributed as dist
+
+            part = {k: extra[k] for k in ("async_counters", "stacked_actors", "has_actor") if k in extra}
+            with phase("checkpoint"):
+                save_process_part(self.parts_dir, env_steps, self.process, state.actor, part)
+            dist.kv_set(f"{self._kv}/part/{env_steps}/{self.process}", "written")
+            self.last_saved = env_steps
+            return
+        if self.num_processes > 1:
+            from tianji_jax.runtime import distributed as dist
+
+            with phase("checkpoint"):
+                for i in range(1, self.num_processes):
+                    key = f"{self._kv}/part/{env_steps}/{i}"
+                    dist.kv_get(key, _WAIT_S, f"process {i} to write its part of checkpoint {env_steps}")
+                    dist.kv_delete(key)
         include_replay = self.algo == "dqn" and self.ckpt_cfg.checkpoint_replay
         meta = {"algo": self.algo, "config": self.config_dict, "packages": self.packages, "env_steps": int(env_steps),
                 "rows": self.rows, "includes_replay": include_replay, "resumable": self.resumable,
                 "finished": bool(finished), "runtime": getattr(self.config, "runtime", "anakin"),
                 "checkpoint": self.ckpt_cfg.to_dict(), **extra}
+        if self.num_processes > 1:
+            meta["process_parts"] = self.num_processes - 1
         exclude = (".replay",) if self.algo == "dqn" and not include_replay else ()
         last = self.rows[-1] if self.rows else {}
         with phase("checkpoint"):
             self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
                             exclude_prefixes=exclude)
         self.last_saved = env_steps
+        self._prune_parts()
+
+    def _prune_parts(self) -> None:
+        if self.num_processes > 1 and self.ckptr is not None:
+            from tianji_jax.checkpoint_io import prune_process_parts
+
+            prune_process_parts(self.ckptr.run_dir)
 
     def last_checkpoint(self, env_steps: int) -> str | None:
         """The directory of the newest complete checkpoint at or before ``env_steps``, or None."""
@@ -173,6 +321,7 @@ class RunFiles:
             if self.ckptr is not None:
                 with phase("checkpoint"):  # waits for pending asynchronous writes
                     self.ckptr.close()
+                self._prune_parts()
         finally:
             if self.sink is not None:
                 self.sink.close()

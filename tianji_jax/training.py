@@ -104,7 +104,10 @@ def train(
     correctly but not bit-identically. Host (envpool/gymnasium) actors cannot save their C++ env
     state: on resume they re-seed their envs from the run seed and the resume step
     (:func:`~tianji_jax.runtime.async_on_policy.resume_seed`) and reset, losing the episodes in
-    progress. Multi-host async runs (``num_processes > 1``) and runs with learner groups
+    progress. A multi-host async run (``num_processes > 1``) resumes from one consistent cut:
+    every process is relaunched with ``resume=True`` and restores the learner from process 0's
+    checkpoint and its own actors from its part (``RUN_DIR/process_parts/``; the run directory must
+    be on a filesystem every process sees). Runs with learner groups
     (``num_learner_groups > 1``) cannot be resumed yet; with learner groups each row, its
     evaluation and its checkpoint (for ``load``/``eval``) use the learner group whose update
     completed the row (``meta["learner_group"]``), and the last row the groups' averaged params.
@@ -142,8 +145,7 @@ def train(
             ``resume`` is False (a run directory is never overwritten; one without either is reused).
         NotADirectoryError: ``run_dir`` is an existing file.
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
-            by a multi-host async run or one with learner groups (or an older tianji_jax without
-            async resume), or (DQN)
+            by a run with learner groups (or an older tianji_jax without async resume), or (DQN)
             without its replay buffer.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from

@@ -176,7 +176,6 @@ class OnPolicyConfig(_AgentConfig):
                 f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
-        _check_torso(self)
         if self.stop_at_return is not None:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:
@@ -215,6 +214,7 @@ class OnPolicyConfig(_AgentConfig):
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
         self._check_env(spec)
+        _check_torso(self, tuple(spec.observation_shape))
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         _check_int("num_processes", self.num_processes, minimum=1)
         if self.actor_backend not in ("threads", "ray"):

@@ -221,8 +221,10 @@ class FrameStack(Wrapper):
     """The last ``k = num_frames`` observations of the current episode, oldest first.
 
     Layout: a 1-D observation ``(D,)`` becomes the concatenation ``(k * D,)``
-    ``[o_{t-k+1}, ..., o_t]``; any other rank (images, e.g. MinAtar ``(10, 10, C)`` or grey
-    ``(H, W)``) gains a new trailing axis: ``(*obs_shape, k)`` with ``[..., -1]`` the newest. The
+    ``[o_{t-k+1}, ..., o_t]``; a channels-last image ``(H, W, C)`` (MinAtar's planes) stacks its
+    frames along the channel axis, ``(H, W, k * C)`` with channels ``[j * C, (j + 1) * C)`` frame
+    ``j`` (the newest last), so the image torsos see more channels; any other rank (grey ``(H,
+    W)``, ...) gains a new trailing axis ``(*obs_shape, k)`` with ``[..., -1]`` the newest. The
     dtype is the inner observation's.
 
     After a reset the older ``k - 1`` slots are zero. The inner env auto-resets inside its ``step``
@@ -249,6 +251,7 @@ class FrameStack(Wrapper):
             raise ValueError(f"FrameStack: observation space {type(space).__name__} is not a Box; allowed: a Box")
         self.num_frames = int(num_frames)
         self._concat = len(space.shape) == 1
+        self._channels = len(space.shape) == 3  # channels-last image: frames folded into channels
 
     @property
     def tag(self) -> str:
@@ -256,7 +259,12 @@ class FrameStack(Wrapper):
         return f"frame_stack={self.num_frames}"
 
     def _stack(self, frames: jax.Array, xp: Any = jnp) -> jax.Array:
-        return xp.reshape(frames, (-1,)) if self._concat else xp.moveaxis(frames, 0, -1)
+        if self._concat:
+            return xp.reshape(frames, (-1,))
+        if self._channels:  # (k, H, W, C) -> (H, W, k * C)
+            k, h, w, c = frames.shape
+            return xp.reshape(xp.moveaxis(frames, 0, 2), (h, w, k * c))
+        return xp.moveaxis(frames, 0, -1)
 
     def _fresh(self, obs: jax.Array) -> jax.Array:
         obs = jnp.asarray(obs)

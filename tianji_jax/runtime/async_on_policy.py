@@ -58,12 +58,13 @@ def placement(devices: list | None = None, num_learner_devices: int = 1,
     return devs[0], devs[len(devs) - need:]
 
 
-def resume_seed(seed: int, env_steps: int) -> int:
+def resume_seed(seed: int, env_steps: int, process: int = 0) -> int:
     """Base seed of host (envpool/gymnasium) envs in a run resumed at ``env_steps``: their C++
     state is not checkpointed, so they restart from fresh episodes seeded from the run's ``seed``
     and the resume point (never the run's original seeds, so no episode is replayed), in
-    [0, 2**31)."""
-    return int(np.random.SeedSequence([int(seed), int(env_steps)]).generate_state(1)[0]) % 2**31
+    [0, 2**31); ``process`` > 0 (multi-host) gives each process its own."""
+    entropy = [int(seed), int(env_steps)] + ([int(process)] if process else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0]) % 2**31
 
 
 def _distributed(config: OnPolicyConfig):
@@ -107,9 +108,13 @@ class AsyncOnPolicy:
     others and continues from the mean params (:class:`ParamAverager`; optimizer states stay per
     group). The time a group waits there counts in ``update_s``.
 
+    Multi-host (``num_processes > 1``): ``restore`` is this process's: the learner state of the
+    checkpoint (identical on every process), its own actors and counters (its part of the cut),
+    host envs re-seeded per process.
+
     Raises:
-        ValueError: ``restore`` for a multi-host run or a run with learner groups (not supported
-            yet), or actor states that do not match ``num_actors``.
+        ValueError: ``restore`` for a run with learner groups (not supported yet), or actor
+            states that do not match ``num_actors``.
 
     Attributes:
         runner: the :class:`AsyncRunner`.
@@ -169,17 +174,18 @@ class AsyncOnPolicy:
         self.timers_lock = threading.Lock()
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         self.learner_states: list[LearnerState] = [None]
-        if restore is not None and self.multi:
-            raise ValueError("resume of a multi-host async run (num_processes > 1) is not supported yet; "
-                             "allowed: resume single-process runs")
         env_seed = config.seed
-        if restore is not None:
-            k_actor = jax.random.fold_in(k_actor, int(restore["env_steps"]))
-            env_seed = resume_seed(config.seed, int(restore["env_steps"]))
-            self.learner_state = jax.device_put(restore["learner"], self._replicated)
-        elif self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
-            self.learner_state = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
+        if self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
             k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
+            # and host envs disjoint from every other process's (actor ids continue across processes)
+            env_seed = (config.seed + jax.process_index() * config.num_actors * config.num_envs) % 2**31
+        if restore is not None:  # multi-host: every process restores the same learner, its own actors
+            k_actor = jax.random.fold_in(k_actor, int(restore["env_steps"]))
+            env_seed = resume_seed(config.seed, int(restore["env_steps"]), jax.process_index() if self.multi else 0)
+            self.learner_state = (dist.replicate(restore["learner"], self._replicated) if self.multi else
+                                  jax.device_put(restore["learner"], self._replicated))
+        elif self.multi:
+            self.learner_state = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
         else:
             init = self.parts.init_learner(k_learner)
             self.learner_states = [jax.device_put(init if g == 0 else init.replace(key=jax.random.fold_in(init.key, g)),
@@ -365,7 +371,8 @@ class AsyncOnPolicy:
             traj, self.consumed_actor_states[item.actor_id] = item.data
         t0 = time.perf_counter()
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep
-            with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if version == 0 else 0.0):
+            first = version == self.runner.start_version  # it compiles (also the first after a resume)
+            with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if first else 0.0):
                 state, metrics = self._learn(self.learner_state, traj)
                 jax.block_until_ready(state.params)
             self._time("update_s", t0)

@@ -18,7 +18,10 @@ collective (the slowest process sets the pace); the lag gate still applies per p
 Nothing else issues collectives during a run except the telemetry sum (:func:`make_counter_sum`),
 which is called from the learner thread right after each update (and once by the main thread
 before the threads start), so it is in lockstep too. Evaluation, logging and checkpoints run on
-each process's *local* replica of the params (process 0 writes the run directory).
+each process's *local* replica of the params (process 0 writes the run directory). Checkpoints
+coordinate through the job's key-value store (:func:`kv_set` / :func:`kv_get`), never through a
+collective: they are written from the host loop's thread while the learner thread issues the
+lockstep collectives (a resumable multi-host run: :class:`~tianji_jax.run_files.RunFiles`).
 
 Failures: a process that dies closes its sockets; jax's coordination service notices (at once,
 or after ``heartbeat_timeout_s`` for a hung peer) and terminates every survivor. jax's hook for
@@ -48,7 +51,7 @@ from tianji_jax.config_checks import check_coordinator  # re-exported: the confi
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
            "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "Watchdog", "supervise",
-           "CHILD_ENV", "EXIT_PEER_DEAD"]
+           "kv_set", "kv_get", "kv_delete", "CHILD_ENV", "EXIT_PEER_DEAD"]
 
 CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
 """Set in the environment of the training child that :func:`supervise` starts."""
@@ -194,6 +197,51 @@ def local_replica(tree: Any) -> Any:
 
     return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and
                         not x.is_fully_addressable else x, tree)
+
+
+def _kv_client() -> Any:
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialised in this process")
+    return client
+
+
+def kv_set(key: str, value: str) -> None:
+    """Set ``key`` in the job's key-value store (jax.distributed's coordination service, hosted
+    by process 0; not an XLA collective, so any thread may call it at any time)."""
+    _kv_client().key_value_set(key, value, allow_overwrite=True)
+
+
+def kv_get(key: str, timeout_s: float, what: str) -> str:
+    """The value of ``key`` in the job's key-value store, waiting up to ``timeout_s`` for another
+    process to set it (in short polls, so Ctrl-C still interrupts the wait).
+
+    Raises:
+        TimeoutError: not set within ``timeout_s`` (the message names ``what`` was awaited).
+    """
+    client, deadline = _kv_client(), time.monotonic() + float(timeout_s)
+    last: Exception | None = None
+    while True:
+        t0 = time.monotonic()
+        try:
+            return client.blocking_key_value_get(key, 250)
+        except Exception as err:  # noqa: BLE001 - jaxlib raises its runtime error type (deadline / unavailable)
+            last = err
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"waited {timeout_s:g} s for {what} (key-value store key {key!r}): "
+                               f"{str(last).splitlines()[0] if last else 'not set'}")
+        if time.monotonic() - t0 < 0.2:  # an immediate failure (service unreachable): do not spin
+            time.sleep(0.2)
+
+
+def kv_delete(key: str) -> None:
+    """Delete ``key`` from the job's key-value store (missing keys ignored)."""
+    try:
+        _kv_client().key_value_delete(key)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def params_digest(tree: Any) -> str:

@@ -273,7 +273,6 @@ class DQNConfig(_AgentConfig):
                 f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
-        _check_torso(self)
         if self.stop_at_return is not None:
             _check_float("stop_at_return", self.stop_at_return)
             if self.eval_episodes == 0:
@@ -342,6 +341,7 @@ class DQNConfig(_AgentConfig):
         _check_async_only(self, fields_in(self, "tianji"))
         object.__setattr__(self, "_env_spec", spec)
         frames = _check_atari(self, spec, _ATARI_FIELD_DEFAULTS)
+        _check_torso(self, tuple(spec.observation_shape))
         object.__setattr__(self, "_frame_replay", frames)
         _check_replay_layout(self, frames)
         _check_distributional(self)
