@@ -2,19 +2,22 @@
 
 For each row (env) and system, ``--seeds`` runs, each in a fresh process started by this script
 (so interpreter start-up, imports, JIT compilation and env creation are counted alike for every
-system), report: wall seconds from process start and env steps until ``eval_return_mean`` over 10
-deterministic episodes first reaches the threshold, and the evaluation return at the end of the
-budget. Evaluations run every ``eval_every`` env steps (rounded to each system's iteration);
-evaluation time is measured by every runner and subtracted (``train_wall_s_to_threshold``, the
-headline), and also reported included (``wall_s_to_threshold``).
+system; tianji_jax's persistent compilation cache is switched off there,
+``TIANJI_COMPILATION_CACHE=0``, so that each run compiles as a peer's does), report: wall seconds
+from process start and env steps until ``eval_return_mean`` over 10 deterministic episodes first
+reaches the threshold, and the evaluation return at the end of the budget. Evaluations run every
+``eval_every`` env steps (rounded to each system's iteration); evaluation time is measured by every
+runner and subtracted (``train_wall_s_to_threshold``, the headline), and also reported included
+(``wall_s_to_threshold``).
 
 Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib)
 and LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
 ``LunarLander-v3`` for the peers). Systems: tianji_jax PPO in Anakin mode and on the async runtime
 with each schedule (and in Anakin mode with SB3's tuned CartPole PPO hyper-parameters, ``sb3-hp``),
 tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
-(CartPole only) and ``relaxed`` schedules; Stable-Baselines3,
-RLlib and rejax PPO and DQN, each with the hyper-parameters its authors tuned (see the runner
+(CartPole only) and ``relaxed`` schedules, tianji_jax PQN in Anakin mode (with its defaults, and on
+CartPole with rejax's tuned PQN hyper-parameters, ``rejax-hp``); Stable-Baselines3, RLlib and rejax
+PPO and DQN, and rejax PQN, each with the hyper-parameters its authors tuned (see the runner
 scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
 under ``--cache-dir``. A system that cannot run a row (Anakin on a host env, rejax without a
 gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
@@ -22,7 +25,8 @@ installation fails is recorded as skipped with the error.
 
 Each run is written to ``records/<env>__<system>__seed<k>.json`` as soon as it ends, and a run with a
 file is not run again: an interrupted invocation resumes where it stopped (delete a file to redo a
-run). Each run has a wall-time cap (``--cap-s``); a capped run keeps the evaluations it made.
+run). Each run has a wall-time cap (``--cartpole-cap-s``, ``--lunarlander-cap-s``; kept in its record);
+a capped run keeps the evaluations it made.
 Seeds are the middle loop (env, then seed, then system), so an interrupted run leaves every system
 of a row with the same number of seeds. Ratios: each system's median against the best tianji_jax
 variant of the same algorithm on the same row, measured in the same invocation.
@@ -32,6 +36,7 @@ convergence.png, machine.json}``.
 
     python experiments/convergence.py             # full: all systems, 3 seeds, CartPole then LunarLander
     python experiments/convergence.py --quick     # tianji_jax only, 1 seed, small budgets, CartPole to 200 (tests)
+    python experiments/convergence.py --systems "tianji_jax PQN,rejax PQN"   # run only these (outputs: all records)
 
 (The records of the earlier system ``tianji_jax DQN async``, made before DQN's async runtime had
 schedules, were retired: its runs are redone as ``tianji_jax DQN relaxed``.)
@@ -106,10 +111,18 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
           System("tianji_jax DQN relaxed", "dqn", "tianji_runner.py", mode="relaxed"),
           # the same runtime with SB3's tuned CartPole PPO hyper-parameters: runtime against runtime
           System("tianji_jax PPO anakin sb3-hp", "ppo", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
-                 hp="sb3")]
+                 hp="sb3"),
+          # PQN (Anakin only; on envpool LunarLander the library's own reason is recorded), with its defaults
+          # (the PQN paper's CartPole settings) and with rejax's tuned CartPole PQN: runtime against runtime
+          System("tianji_jax PQN anakin", "pqn", "tianji_runner.py", mode="anakin"),
+          System("tianji_jax PQN anakin rejax-hp", "pqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="rejax")]
 PEERS = [System("rejax PPO", "ppo", "rejax_runner.py", "rejax"), System("rejax DQN", "dqn", "rejax_runner.py", "rejax"),
+         System("rejax PQN", "pqn", "rejax_runner.py", "rejax"),
          System("SB3 PPO", "ppo", "sb3_runner.py", "sb3"), System("SB3 DQN", "dqn", "sb3_runner.py", "sb3"),
          System("RLlib PPO", "ppo", "rllib_runner.py", "rllib"), System("RLlib DQN", "dqn", "rllib_runner.py", "rllib")]
+
+ALGOS = ("ppo", "dqn", "pqn")  # ratios and "a peer is faster" compare systems of the same algorithm
 
 # Virtual environments of the peers: pip steps in order, the import that proves an install, and
 # whether Box2D (LunarLander) is wanted. torch==2.13.0 first: it resolves to the CPU wheel on this
@@ -183,6 +196,10 @@ def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, 
     spec = {"algo": system.algo, "env": row.name, "seed": seed, "eval_every": row.eval_every, "eval_episodes": 10,
             "mode": system.mode, "threads": 1, "tmp_dir": str(tmp_dir), "hp": system.hp, **extra}
     env = dict(os.environ)
+    # every run compiles, as a peer's does: tianji_jax's persistent compilation cache (on by default since
+    # tianji_jax 0.1's caches.py) would let every run after the first load its executables from disk
+    env["TIANJI_COMPILATION_CACHE"] = "0"
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if system.is_tianji:  # the tianji_jax of this checkout
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     else:  # a peer sees only its own venv
@@ -286,7 +303,37 @@ def summarize_run(r: dict[str, Any]) -> dict[str, Any]:
         "budget_env_steps": float(budget) if budget is not None else math.nan,
         "evals": len(ev), "eval_s_total": eval_s[-1] if len(eval_s) else math.nan,
         "process_wall_s": r.get("process_wall_s", math.nan), "reason": r.get("reason", "").replace("\n", " ")[:300],
+        "cap_s": r.get("cap_s", math.nan),
+        # time to the first evaluation (start-up, imports, compilation, the first interval), evaluation excluded,
+        # and the training rate after it (env steps per train wall s between the first and the last evaluation)
+        "first_eval_train_s": wall[0] - eval_s[0] if len(wall) else math.nan,
+        "train_env_sps": ((steps[-1] - steps[0]) / ((wall[-1] - eval_s[-1]) - (wall[0] - eval_s[0]))
+                          if len(steps) > 1 and wall[-1] - eval_s[-1] > wall[0] - eval_s[0] else math.nan),
+        # rejax: its own split of the process (start-up until the algorithm exists, ahead-of-time compilation)
+        "startup_s": r.get("done", {}).get("startup_s", math.nan),
+        "compile_s": r.get("done", {}).get("compile_s", math.nan),
+        **interval_columns(wall, eval_s, (r.get("done") or {}).get("tail_compile_s")),
     }
+
+
+def interval_columns(wall: np.ndarray, eval_s: np.ndarray, tail: list[float] | None) -> dict[str, float]:
+    """Train seconds (evaluation excluded) of the evaluation intervals after the first: median of all
+    (``interval_s``), and for a tianji_jax Anakin run that compiled its last, shorter chunk in the
+    background (``tail`` = [start, end] wall s, from ``tianji_runner.py``) the window's length and the
+    median of the intervals overlapping it (``interval_s_tail``, how many: ``intervals_tail``) and of the
+    others (``interval_s_no_tail``)."""
+    train = wall - eval_s
+    d = np.diff(train)
+    out = {"interval_s": float(np.median(d)) if len(d) else math.nan, "tail_compile_start_s": math.nan,
+           "tail_compile_window_s": math.nan, "intervals_tail": math.nan, "interval_s_tail": math.nan,
+           "interval_s_no_tail": math.nan}
+    if tail and len(d):
+        during = (wall[:-1] < tail[1]) & (wall[1:] > tail[0])
+        out.update(tail_compile_start_s=tail[0], tail_compile_window_s=tail[1] - tail[0],
+                   intervals_tail=float(during.sum()),
+                   interval_s_tail=float(np.median(d[during])) if during.any() else math.nan,
+                   interval_s_no_tail=float(np.median(d[~during])) if (~during).any() else math.nan)
+    return out
 
 
 def _median_inf(values) -> float:
@@ -321,13 +368,15 @@ def aggregate(runs: list[dict[str, Any]], systems: list[System], rows: list[Row]
                 res[k + "_median"] = _median_inf(vals) if measured else math.nan
                 res[k + "_min"] = min(finite) if finite else math.nan
                 res[k + "_max"] = max(finite) if finite else math.nan
-            for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s", "loadavg_1m"):
+            for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s", "loadavg_1m", "first_eval_train_s",
+                      "train_env_sps", "startup_s", "compile_s", "interval_s", "tail_compile_start_s",
+                      "tail_compile_window_s", "intervals_tail", "interval_s_tail", "interval_s_no_tail"):
                 vals = [r[k] for r in measured if np.isfinite(r[k])]
                 res[k + "_median"] = C.median(vals)
                 res[k + "_min"] = min(vals) if vals else math.nan
                 res[k + "_max"] = max(vals) if vals else math.nan
             out.append(res)
-        for algo in ("ppo", "dqn"):
+        for algo in ALGOS:
             same = [o for o in out if o["env"] == row.name and o["algo"] == algo]
             tj = [o for o in same if o["tianji"] and o["seeds"]]
             for k in ("train_wall_s_to_threshold", "steps_to_threshold"):
@@ -359,8 +408,9 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              f"Command: `{C.command()}`" + ("" if commands == [C.command()] else "; the runs were made by "
                                              + ", ".join(f"`{c}`" for c in commands)), "", C.SHARED_NOTE, "",
              "Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
-             "compilation and env creation included) to the end of the first evaluation whose mean return over 10 "
-             "deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
+             "compilation and env creation included; tianji_jax's persistent compilation cache is off in these "
+             "processes, `TIANJI_COMPILATION_CACHE=0`, so that every run compiles as a peer's does) to the end of "
+             "the first evaluation whose mean return over 10 deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
              "times its own; `wall incl. eval` keeps it). Evaluation every `eval_every` env steps (rounded up to "
              "each system's iteration), so steps and seconds to threshold are resolved to one evaluation interval. "
              "Median [min..max] over seeds; a seed that never reached the threshold counts as +inf in the median "
@@ -379,8 +429,13 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              "hyper-parameters below, clip range kept at 0.2 where the zoo anneals it, so that its row against SB3 PPO "
              "compares runtimes rather than hyper-parameters); Stable-Baselines3 with rl-baselines3-zoo's tuned "
              "`ppo.yml`/`dqn.yml`; RLlib with its tuned examples `cartpole_ppo.py`/`cartpole_dqn.py`; rejax with its "
-             "`configs/gymnax/cartpole.yaml` (0.1.x API). Each system keeps its own tuned budget (column *budget*). See "
-             "`experiments/peers/*_runner.py`.", ""]
+             "`configs/gymnax/cartpole.yaml` (0.1.x API). PQN: `tianji_jax PQN anakin` with `PQNConfig()`'s defaults, "
+             "the PQN paper's CartPole settings (32 envs x 64 steps, 4 epochs x 16 minibatches, lr 1e-4, epsilon "
+             "1 -> 0.05 over 20% of the budget, lambda 0.95, LayerNorm MLP 128x2); `rejax PQN` with its "
+             "`cartpole.yaml` `pqn` section (16 envs x 128 steps, 5 epochs x 16 minibatches, lr 3e-4, epsilon "
+             "1 -> 0.05 over 50% of 524,288 env steps, lambda 0.9, LayerNorm MLP 64x64); `tianji_jax PQN anakin "
+             "rejax-hp`: the Anakin runtime with those rejax hyper-parameters (runtime against runtime). Each "
+             "system keeps its own tuned budget (column *budget*). See `experiments/peers/*_runner.py`.", ""]
     loads = [r["loadavg_1m"] for r in runs if np.isfinite(r["loadavg_1m"])]
     if loads:
         lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores "
@@ -394,7 +449,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         if not rs:
             continue
         lines += [f"## {row.name} (threshold {row.threshold:g}; evaluation every {row.eval_every} env steps; "
-                  f"cap {row.cap_s:.0f} s per run)", "",
+                  f"{cap_text(row, runs)})", "",
                   "| system | budget (env steps) | seeds | reached | train wall s to threshold | x best | "
                   "wall s incl. eval | env steps to threshold | x best | return at end | first eval at (s) | "
                   "load 1m at start |",
@@ -409,12 +464,13 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
                 f"{fmt_range(o, 'wall_s_to_threshold', '{:.1f}')} | {fmt_range(o, 'steps_to_threshold', '{:,.0f}')} | "
                 f"{xb('x_tianji_best_steps')} | {fmt_range(o, 'final_eval_return', '{:.0f}')} | "
                 f"{fmt_range(o, 'first_eval_wall_s', '{:.1f}')} | {fmt_range(o, 'loadavg_1m', '{:.1f}')} |")
-        capped = sorted({(r["system"], r["seed"]) for r in runs if r["env"] == row.name and r["status"] == "capped"})
+        capped = sorted({(r["system"], r["seed"], r["cap_s"]) for r in runs
+                         if r["env"] == row.name and r["status"] == "capped"})
         failed = [r for r in runs if r["env"] == row.name and r["status"] == "failed"]
         lines.append("")
         if capped:
-            lines.append(f"Stopped by the {row.cap_s:.0f} s cap (evaluations so far kept, no return at end): "
-                         + ", ".join(f"{s} seed {k}" for s, k in capped) + ".")
+            lines.append("Stopped by the wall cap (evaluations so far kept, no return at end): "
+                         + ", ".join(f"{s} seed {k} ({c:.0f} s)" for s, k, c in capped) + ".")
         for r in failed:
             lines.append(f"Failed: {r['system']} seed {r['seed']}: `{r['reason'][-300:]}`")
         for o in rs:
@@ -424,7 +480,8 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
         if not_run:
             lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
         lines.append("")
-    lines += peer_faster_lines(rows, results) + profile_lines(args.out / "profile")
+    lines += peer_faster_lines(rows, results) + pqn_lines(rows, results, args.out / "profile") \
+        + profile_lines(args.out / "profile")
     if peer_errors:
         lines += ["Peer installation: " + "; ".join(f"{k}: {v[:300]}" for k, v in peer_errors.items()), ""]
     short = sorted({(o["env"], o["system"], o["seeds"]) for o in results
@@ -435,12 +492,28 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
     return "\n".join(lines)
 
 
+def cap_text(row: Row, runs: list[dict[str, Any]]) -> str:
+    """The wall cap of ``row``'s runs as their records have it (the most common one, then the systems
+    run under another), or ``row.cap_s`` when no record has one."""
+    caps: dict[float, list[str]] = {}
+    for r in runs:
+        if r["env"] == row.name and r["status"] in ("done", "capped") and np.isfinite(r.get("cap_s", math.nan)):
+            names = caps.setdefault(float(r["cap_s"]), [])
+            if r["system"] not in names:
+                names.append(r["system"])
+    if not caps:
+        return f"cap {row.cap_s:.0f} s per run"
+    main = max(caps, key=lambda c: len(caps[c]))
+    others = [f"{c:.0f} s for {', '.join(caps[c])}" for c in sorted(caps) if c != main]
+    return f"cap {main:.0f} s per run" + (f"; {'; '.join(others)}" if others else "")
+
+
 def peer_faster_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[str]:
     """``summary.md``'s section on every (row, algorithm) where a peer's median beats a tianji_jax
     variant's, in train wall seconds or in env steps to the threshold (empty list: nowhere)."""
     out = []
     for row in rows:
-        for algo in ("ppo", "dqn"):
+        for algo in ALGOS:
             same = [o for o in results if o["env"] == row.name and o["algo"] == algo and o["seeds"]
                     and o["status"] not in ("unsupported", "skipped")]
             for p in (o for o in same if not o["tianji"]):
@@ -464,6 +537,98 @@ def peer_faster_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[st
             "runtime; wall seconds add each system's start-up, compilation and throughput (the profiles below "
             "show where tianji_jax's time goes).", "",
             *out, ""]
+
+
+def pqn_lines(rows: list[Row], results: list[dict[str, Any]], profile_dir: Path) -> list[str]:
+    """``summary.md``'s section on PQN: tianji_jax against rejax, per row with both measured. The time
+    to the threshold is split into the time to the first evaluation and the evaluation intervals after
+    it (all from the measured runs); start-up and compilation (rejax: its own runs; tianji_jax: the
+    ``--profile`` run, when there is one); tianji_jax's intervals during and outside the background
+    compilation of its last, shorter chunk; and the ``rejax-hp`` variant (runtime against runtime)."""
+    out = []
+    for row in rows:
+        pqn = {o["system"]: o for o in results if o["env"] == row.name and o["algo"] == "pqn" and o["seeds"]
+               and o["status"] not in ("unsupported", "skipped")}
+        tj, rx, tj_rx = (pqn.get(k) for k in ("tianji_jax PQN anakin", "rejax PQN", "tianji_jax PQN anakin rejax-hp"))
+        if not (tj and rx):
+            continue
+        prof = {}
+        for name in pqn:
+            path = profile_dir / (run_key(row.name, name, 0) + ".json")
+            if path.is_file():
+                rec = json.loads(path.read_text())
+                if rec.get("profile"):
+                    prof[name] = (rec["profile"]["startup_s"],
+                                  rec["profile"]["timers"].get("compile_s", {}).get("total", math.nan))
+        f1 = lambda v: f"{v:.1f}" if np.isfinite(v) else "-"  # noqa: E731
+        f2 = lambda v: f"{v:.2f}" if np.isfinite(v) else "-"  # noqa: E731
+        f0 = lambda v: f"{v:.0f}" if np.isfinite(v) else "-"  # noqa: E731
+        out += [f"## PQN: tianji_jax against rejax ({row.name})", "",
+                f"Medians over seeds of the measured runs above (threshold {row.threshold:g}). *to first eval* = train "
+                "wall s from process start to the first evaluation (start-up, imports, compilation and the first "
+                f"{row.eval_every:,} env steps); *s per interval* = train wall s (evaluation excluded) of each later "
+                f"evaluation interval of about {row.eval_every:,} env steps; for tianji_jax also during / outside the "
+                "window in which its Anakin loop compiles the run's last, shorter chunk (the budget is not a multiple "
+                "of the chunk) in a background thread (window: start, length, intervals overlapping it); *start-up* "
+                "(until the algorithm is created) and *compilation*: rejax's own runs (its whole program compiled "
+                "ahead of time, before training), tianji_jax's `--profile` run of seed 0 (jax's compile events in "
+                "every thread: the chunk, the evaluator, the last chunk).", "",
+                "| system | train wall s to threshold | env steps to threshold | return at end | to first eval (s) | "
+                "s per interval | during / outside tail compile | tail compile window | start-up s | "
+                "compilation s | load 1m |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for o in (tj, rx, tj_rx):
+            if not o:
+                continue
+            su, cs = prof.get(o["system"], (o["startup_s_median"], o["compile_s_median"]))
+            tail = (f"{f2(o['interval_s_tail_median'])} / {f2(o['interval_s_no_tail_median'])}"
+                    if np.isfinite(o["tail_compile_window_s_median"]) else "-")
+            window = (f"{o['tail_compile_start_s_median']:.1f} s + {o['tail_compile_window_s_median']:.1f} s "
+                      f"({o['intervals_tail_median']:.0f})" if np.isfinite(o["tail_compile_window_s_median"]) else "-")
+            out.append(f"| {o['system']} | {fmt_range(o, 'train_wall_s_to_threshold', '{:.1f}')} | "
+                       f"{fmt_range(o, 'steps_to_threshold', '{:,.0f}')} | "
+                       f"{fmt_range(o, 'final_eval_return', '{:.0f}')} | "
+                       f"{fmt_range(o, 'first_eval_train_s', '{:.1f}')} | {fmt_range(o, 'interval_s', '{:.2f}')} | "
+                       f"{tail} | {window} | {f1(su)} | {f1(cs)} | {fmt_range(o, 'loadavg_1m', '{:.1f}')} |")
+        tw, rw = tj["train_wall_s_to_threshold_median"], rx["train_wall_s_to_threshold_median"]
+        ts, rs = tj["steps_to_threshold_median"], rx["steps_to_threshold_median"]
+        never = lambda v, f: f.format(v) if np.isfinite(v) else "never"  # noqa: E731
+        text = [f"Median train wall s to {row.threshold:g}: tianji_jax PQN anakin {never(tw, '{:.1f}')}, rejax PQN "
+                f"{never(rw, '{:.1f}')}; env steps {never(ts, '{:,.0f}')} against {never(rs, '{:,.0f}')}; "
+                "return at the "
+                f"end of the budget {f0(tj['final_eval_return_median'])} against {f0(rx['final_eval_return_median'])}."]
+        if np.isfinite(tw) and np.isfinite(rw):
+            faster = "rejax PQN" if rw < tw else "tianji_jax PQN anakin"
+            d_first = tj["first_eval_train_s_median"] - rx["first_eval_train_s_median"]
+            text.append(f"**{faster}** is faster by {abs(tw - rw):.1f} s (x{max(tw, rw) / min(tw, rw):.2f}). Of "
+                        f"tianji_jax's time minus rejax's ({tw - rw:+.1f} s), {d_first:+.1f} s are spent before the "
+                        f"first evaluation ({tj['first_eval_train_s_median']:.1f} s against "
+                        f"{rx['first_eval_train_s_median']:.1f} s) and {(tw - rw) - d_first:+.1f} s after it: the env "
+                        "steps still needed then, at each system's seconds per interval "
+                        f"({f2(tj['interval_s_median'])} against {f2(rx['interval_s_median'])} s).")
+        if tj_rx and np.isfinite(tj_rx["steps_to_threshold_median"]):
+            m = tj_rx["steps_to_threshold_median"]
+            within = np.isfinite(rs) and rx["steps_to_threshold_min"] <= m <= rx["steps_to_threshold_max"] and \
+                tj_rx["steps_to_threshold_min"] <= rs <= tj_rx["steps_to_threshold_max"]
+            text.append(f"With rejax's hyper-parameters, tianji_jax's runtime reaches {row.threshold:g} in "
+                        f"{m:,.0f} env steps and {tj_rx['train_wall_s_to_threshold_median']:.1f} s (rejax: "
+                        f"{never(rs, '{:,.0f}')} and {f1(rw)} s), at {f2(tj_rx['interval_s_median'])} s per interval "
+                        f"(rejax {f2(rx['interval_s_median'])}): "
+                        + ("the env steps each default needs are its hyper-parameters' (at equal hyper-parameters "
+                           "the two medians lie within each other's range over seeds), and the seconds that remain "
+                           "between the two at equal hyper-parameters are the runtimes'." if within else
+                           "at equal hyper-parameters the env steps still differ beyond the range over seeds (the "
+                           "implementations differ: see the runner scripts)."))
+        for o in (tj, tj_rx):
+            if o and np.isfinite(o["tail_compile_window_s_median"]) and np.isfinite(o["interval_s_tail_median"]):
+                text.append(f"{o['system']}: while the last chunk compiles in the background "
+                            f"({o['tail_compile_start_s_median']:.1f} s to "
+                            f"{o['tail_compile_start_s_median'] + o['tail_compile_window_s_median']:.1f} s after "
+                            f"the process started, overlapping {o['intervals_tail_median']:.0f} intervals), an "
+                            f"interval takes {f2(o['interval_s_tail_median'])} s against "
+                            f"{f2(o['interval_s_no_tail_median'])} s outside that window; rejax compiles its one "
+                            "program before training starts.")
+        out += ["", " ".join(text), ""]
+    return out
 
 
 def profile_lines(profile_dir: Path) -> list[str]:
@@ -560,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-list", default="", help="comma-separated seeds to run in this invocation "
                         "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
     parser.add_argument("--envs", default="CartPole-v1,LunarLander", help="comma-separated rows, in order")
-    parser.add_argument("--systems", default="", help="comma-separated substrings; keep systems whose name "
-                                                      "contains one (default: all)")
+    parser.add_argument("--systems", default="", help="comma-separated substrings; run only the systems whose "
+                        "name contains one (default: all); the outputs still cover every system's records")
     parser.add_argument("--cartpole-cap-s", type=float, default=300.0, help="wall cap per CartPole run")
     parser.add_argument("--lunarlander-cap-s", type=float, default=900.0, help="wall cap per LunarLander run")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tianji_jax" / "peers",
@@ -592,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [Row("CartPole-v1", 200.0, 10_240, args.cartpole_cap_s), all_rows["LunarLander"]]
         systems = [s for s in TIANJI if s.name in QUICK]
         extra = {"ppo": {"total_env_steps": 30_720}, "dqn": {"total_env_steps": 30_000}}
+    reported = systems  # the outputs cover these (and the rows of --envs), whatever --systems runs
     if args.systems:
         keep = [k for k in args.systems.split(",") if k]
         systems = [s for s in systems if any(k in s.name for k in keep)]
@@ -669,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(json.dumps(record, indent=1, default=str) + "\n")
                 print(f"{row.name} {s.name:24s} profiled: {record['status']}", flush=True)
     shutil.rmtree(tmp_root, ignore_errors=True)
-    write_outputs(args, rows, systems, runs_dir, peer_errors, load_start, time.perf_counter() - t_start)
+    write_outputs(args, rows, reported, runs_dir, peer_errors, load_start, time.perf_counter() - t_start)
     return 0
 
 
@@ -706,6 +872,7 @@ def write_outputs(args, rows, systems, runs_dir: Path, peer_errors, load_start, 
         versions.setdefault(r["system"].split()[0], r.get("info", {}).get("versions"))
     C.write_machine(args.out, {"loadavg_start": load_start, "wall_s": wall_s, "peer_versions": versions,
                                "peer_install_errors": peer_errors, "cache_dir": str(args.cache_dir),
+                               "systems_run": args.systems or "all",
                                "sizes": {"seeds": args.seeds, "rows": [r.__dict__ for r in rows],
                                          "systems": [s.name for s in systems]}})
     plot(rows, records, results, args.out / "convergence.png")

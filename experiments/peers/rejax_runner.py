@@ -1,18 +1,23 @@
 """rejax runner for ``experiments/convergence.py`` (protocol: ``_protocol.py``); runs in its own venv
 (rejax 0.1.3 with gymnax 0.0.9: rejax's ``env.step`` unpacks gymnax 0.0.x's 5-tuple).
 
-Hyper-parameters: rejax's ``configs/gymnax/cartpole.yaml`` (ppo and dqn sections of the 0.1.x API,
-copied as data below; the later ``configs/cartpole.yaml`` names DQN fields 0.1.3 does not have),
+Hyper-parameters: rejax's ``configs/gymnax/cartpole.yaml`` (ppo, dqn and pqn sections of the 0.1.x API,
+copied as data below; the later ``configs/cartpole.yaml`` names DQN fields 0.1.3 does not have;
+the pqn section is the same at the v0.1.3 tag and at the repository's head),
 except ``eval_freq``, which is the experiment's common evaluation interval. rejax trains in one
 compiled ``lax.scan`` with an evaluation callback every ``eval_freq`` env steps; the callback here
 plays ``eval_episodes`` deterministic episodes (argmax of the policy logits / of Q) instead of
-rejax's 128 sampled ones, and reports each evaluation to the host with ``io_callback`` as the
-compiled program runs, so wall times are taken while training proceeds. gymnax has no LunarLander:
-that row is unsupported.
+rejax's 128 sampled ones (its PQN acts with epsilon 0.005 there), and reports each evaluation to
+the host with ``io_callback`` as the compiled program runs, so wall times are taken while training
+proceeds. The program is compiled ahead of time (``jax.jit(train).lower(key).compile()``, what
+the first call of the jitted function does anyway) so that ``CONV_DONE`` can report the seconds
+of start-up (process start to the algorithm's creation), compilation and execution (training with
+its evaluations). gymnax has no LunarLander: that row is unsupported.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 
 import _protocol as P
@@ -37,12 +42,16 @@ CARTPOLE_YAML = {  # rejax configs/gymnax/cartpole.yaml of the 0.1.x API (DQN: n
                 buffer_size=50_000, fill_buffer=5_000, batch_size=100, max_grad_norm=10, learning_rate=0.001,
                 num_epochs=5, total_timesteps=100_000, polyak=0.98, eps_start=1, eps_end=0.05,
                 exploration_fraction=0.5, gamma=0.99, ddqn=True, normalize_observations=False),
+    "pqn": dict(env="CartPole-v1", num_envs=16, num_steps=128, num_minibatches=16, max_grad_norm=10,
+                learning_rate=0.0003, num_epochs=5, total_timesteps=524_288, eps_start=1, eps_end=0.05,
+                exploration_fraction=0.5, gamma=0.99, td_lambda=0.9, normalize_observations=False),
 }
 algo_name = spec["algo"]
 config = dict(CARTPOLE_YAML[algo_name], eval_freq=int(spec["eval_every"]), skip_initial_evaluation=True)
 if spec.get("total_env_steps"):
     config["total_timesteps"] = int(spec["total_env_steps"])
-P.send("CONV_INFO", {"versions": {"rejax": "0.1.3", "jax": jax.__version__}, "config": config,
+P.send("CONV_INFO", {"versions": {"rejax": importlib.metadata.version("rejax"), "jax": jax.__version__,
+                                  "gymnax": importlib.metadata.version("gymnax")}, "config": config,
                      "budget_env_steps": config["total_timesteps"]})
 
 log = P.EvalLog(spec)
@@ -64,7 +73,7 @@ def greedy(algo, ts):
         def act(obs, rng):
             dist = algo.actor.apply(ts.actor_ts.params, obs[None], method="_action_dist")
             return jnp.squeeze(jnp.argmax(dist.logits, axis=-1))
-    else:
+    else:  # dqn, pqn: argmax of Q (neither normalizes observations in these configs)
         def act(obs, rng):
             return jnp.squeeze(jnp.argmax(algo.agent.apply(ts.q_ts.params, obs[None]), axis=-1))
     return act
@@ -82,6 +91,11 @@ def eval_callback(algo, ts, rng):
 
 algo = rejax.get_algo(algo_name).create(**config)
 algo = algo.replace(eval_callback=eval_callback)
-train = jax.jit(algo.train)
-ts, _ = jax.block_until_ready(train(jax.random.PRNGKey(int(spec["seed"]))))
-P.send("CONV_DONE", {"budget_env_steps": int(ts.global_step), "evals": log.count})
+key = jax.random.PRNGKey(int(spec["seed"]))
+t_compile = time.time()
+train = jax.jit(algo.train).lower(key).compile()
+t_run = time.time()
+ts, _ = jax.block_until_ready(train(key))
+P.send("CONV_DONE", {"budget_env_steps": int(ts.global_step), "evals": log.count,
+                     "startup_s": t_compile - log.t0, "compile_s": t_run - t_compile, "run_s": time.time() - t_run,
+                     "eval_s": log.eval_s})

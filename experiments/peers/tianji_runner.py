@@ -19,13 +19,24 @@ Spec ``hp`` ``"sb3"`` (the ``sb3-hp`` system, CartPole-v1 PPO): rl-baselines3-zo
 PPO, as ``sb3_runner.py`` runs it: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98,
 lambda 0.8, no entropy bonus, lr 1e-3 annealed linearly to 0 over the 100k-step budget; the zoo
 also anneals the clip range 0.2 -> 0, which tianji_jax does not (clip 0.2 throughout).
+PQN (``tj.PQNConfig``, Anakin only): the library's defaults, the PQN paper's CartPole settings (32 envs
+x 64 steps, 4 epochs x 16 minibatches, lr 1e-4, epsilon 1 -> 0.05 over 20% of the budget, lambda
+0.95, LayerNorm MLP 128x2); spec ``hp`` ``"rejax"`` (the ``rejax-hp`` system): rejax's tuned CartPole
+PQN (``configs/gymnax/cartpole.yaml``, as ``rejax_runner.py`` runs it: 16 envs x 128 steps, 5 epochs
+x 16 minibatches, lr 3e-4, epsilon 1 -> 0.05 over 50% of 524,288 env steps, lambda 0.9, LayerNorm MLP
+64x64, gradient clipping at 10: rejax clips each gradient element, tianji_jax the global norm). On
+LunarLander (envpool) the library rejects Anakin: unsupported.
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_dqn` (looked up there by
-``train`` and ``evaluate``); nothing in the library is changed.
+``train`` and ``evaluate``), and the window in which an Anakin run compiles its last, shorter chunk
+in the background by wrapping :class:`tianji_jax.runtime.tail_compile.TailCompile` (``CONV_DONE``'s
+``tail_compile_s``: [start, end] in wall s since ``t0``, None when the run has no such chunk or did
+not reach it); nothing in the library is changed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import _protocol as P
@@ -39,6 +50,7 @@ if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/ru
 
 import tianji_jax as tj  # noqa: E402
 from tianji_jax import host_dqn, host_on_policy  # noqa: E402
+from tianji_jax.runtime import tail_compile  # noqa: E402
 from tianji_jax.provenance import provenance  # noqa: E402
 
 log = P.EvalLog(spec)
@@ -62,6 +74,32 @@ def _timed_factory(factory):
 host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_evaluator)
 host_dqn.dqn_evaluator = _timed_factory(host_dqn.dqn_evaluator)
 
+# When the Anakin run's last, shorter chunk is compiled in its background thread (wall s since t0;
+# reported in CONV_DONE as ``tail_compile_s`` [start, end], so the evaluation intervals it overlaps
+# can be told apart); the library's TailCompile is wrapped, not changed.
+_tail_window: list[float] = []
+_tail_watchers: list[threading.Thread] = []
+_tail_start = tail_compile.TailCompile._start
+
+
+def _timed_tail_start(self, state):
+    _tail_window.append(time.time() - log.t0)
+    _tail_start(self, state)
+    thread = self._thread
+    if thread is None:  # nothing compiled (already cached)
+        _tail_window.append(_tail_window[0])
+        return
+
+    def watch():
+        thread.join()
+        _tail_window.append(time.time() - log.t0)
+
+    _tail_watchers.append(threading.Thread(target=watch, daemon=True))
+    _tail_watchers[-1].start()
+
+
+tail_compile.TailCompile._start = _timed_tail_start
+
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
         "LunarLander": {"envpool": "envpool:LunarLander-v2"}}
 
@@ -81,6 +119,17 @@ def make_config():
                       total_env_steps=common.get("total_env_steps", 100_000))
         return tj.PPOConfig(env=env_id, runtime=mode if mode == "anakin" else "async",
                             **({} if mode == "anakin" else {"schedule": mode}), **common)
+    if algo == "pqn":  # the library's defaults (the PQN paper's CartPole settings), or rejax's tuned ones
+        if spec.get("hp") == "rejax":  # rejax configs/gymnax/cartpole.yaml ``pqn``, as rejax_runner.py runs it
+            if env != "CartPole-v1":
+                P.unsupported("the rejax-hp variant is defined for CartPole-v1 only")
+            common.update(num_envs=16, num_steps=128, num_minibatches=16, update_epochs=5, learning_rate=3e-4,
+                          max_grad_norm=10.0, hidden_sizes=(64, 64), activation="relu", q_lambda=0.9, gamma=0.99,
+                          epsilon_start=1.0, epsilon_finish=0.05, epsilon_anneal_fraction=0.5,
+                          total_env_steps=common.get("total_env_steps", 524_288))
+        if mode != "anakin":
+            P.unsupported(f"the convergence experiment runs PQN in Anakin mode only, not {mode!r}")
+        return tj.PQNConfig(env=env_id, runtime="anakin", **common)
     if algo == "ppo":
         extra = {} if env == "CartPole-v1" else dict(
             num_envs=16, num_steps=1024, num_minibatches=256, update_epochs=4, gamma=0.999, gae_lambda=0.98,
@@ -130,4 +179,7 @@ if spec.get("profile"):  # convergence.py --profile: where the time to the thres
                             "timers": json.loads((run_dir / "profile" / "timers.json").read_text())})
 else:
     tj.train(config, progress=False, callback=on_row, tensorboard=False)
-P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count})
+for watcher in _tail_watchers:
+    watcher.join(60)
+P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count,
+                     "tail_compile_s": _tail_window[:2] if len(_tail_window) >= 2 else None})
