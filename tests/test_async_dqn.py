@@ -9,7 +9,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.buffers import ReplayIngress, TrajectoryItem
 from tianji_jax.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_dqn import AsyncDQN
+from tianji_jax.runtime.async_replay import AsyncReplay
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,7 +43,7 @@ def test_actor_blocks_when_the_learner_falls_behind():
 
 def test_async_dqn_keeps_the_replay_ratio_and_stamps_what_actors_acted_with():
     config = tj.DQNConfig(**SMALL)
-    dqn = AsyncDQN(config)
+    dqn = AsyncReplay(config)
     lags = []
     done = dqn.runner.run(lambda v, m, item: lags.append(int(m["policy_lag_max"])) or False)
     assert done == config.learning_iterations

@@ -16,6 +16,7 @@ from tianji_jax.capabilities import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENV_ID = {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1", "gymnasium": "gymnasium:CartPole-v1"}
+_CONTINUOUS = ("sac",)  # algorithms on Box actions: Pendulum-v1 on every backend
 _LAYOUT = {"single": {}, "data_parallel": {"num_learner_devices": 2, "num_envs": 4},
            "groups": {"num_learner_groups": 2, "num_actors": 2}, "multi_host": {"num_processes": 2, "coordinator": "h:1"}}
 _ELSEWHERE = {  # supported cells that need other processes: the test that runs them
@@ -31,18 +32,21 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     **{("pqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_pqn_ray_cells_of_the_capability_table_run"
        for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
     ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
+    **{("sac", "async", "ray", layout, env): "tests/test_ray_actors.py::test_sac_ray_cells_of_the_capability_table_run"
+       for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
     **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
                            ("groups", "envpool"), ("groups", "gymnasium"))},
 }
 
 
-_CONFIG = {"ppo": tj.PPOConfig, "pqn": tj.PQNConfig, "dqn": tj.DQNConfig}
+_CONFIG = {"ppo": tj.PPOConfig, "pqn": tj.PQNConfig, "dqn": tj.DQNConfig, "sac": tj.SACConfig}
 _ON_POLICY = ("ppo", "pqn")
 
 
 def _kwargs(cell: Cell) -> dict:
-    kw = dict(env=_ENV_ID[cell.env], runtime=cell.runtime, seed=0)
+    env = _ENV_ID[cell.env].replace("CartPole", "Pendulum") if cell.algo in _CONTINUOUS else _ENV_ID[cell.env]
+    kw = dict(env=env, runtime=cell.runtime, seed=0)
     if cell.algo in _ON_POLICY:
         kw.update(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
         if cell.actors != "threads":
@@ -50,6 +54,8 @@ def _kwargs(cell: Cell) -> dict:
         kw.update(_LAYOUT[cell.layout])
     else:
         kw.update(num_envs=4, num_steps=4, learning_starts=64, buffer_capacity=512, batch_size=16, replay_ratio=0.25)
+        if cell.algo in _CONTINUOUS:
+            kw["hidden_sizes"] = (32, 32)
         if cell.actors != "threads":
             kw["actor_backend"] = cell.actors
         if cell.layout == "data_parallel":
@@ -60,7 +66,7 @@ def _kwargs(cell: Cell) -> dict:
 
 
 def _expressible(cell: Cell) -> bool:
-    """Cells a config can ask for (DQN's config has no multi-host fields yet)."""
+    """Cells a config can ask for (the replay configs have no multi-host fields yet)."""
     return cell.algo in _ON_POLICY or cell.layout != "multi_host"
 
 

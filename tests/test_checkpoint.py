@@ -357,11 +357,11 @@ _DQN_RESUME_SCRIPT = textwrap.dedent("""
     import sys
     import jax, numpy as np
     import tianji_jax as tj
-    from tianji_jax.runtime.async_dqn import AsyncDQN
+    from tianji_jax.runtime.async_replay import AsyncReplay
     from tianji_jax.training import _async_restore
     run_dir = sys.argv[1]
     cut = tj.load(run_dir)
-    dqn = AsyncDQN(cut.config, restore=_async_restore(cut))  # restore without running: check what it holds
+    dqn = AsyncReplay(cut.config, restore=_async_restore(cut))  # restore without running: check what it holds
     for got, want in [(dqn.learner_state, cut.state.learner), (dqn.replay_state, cut.state.replay),
                       (dqn._actor_states[0], cut.state.actor)]:
         for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

@@ -440,17 +440,16 @@ def test_async_only_fields_are_refused_under_anakin(field, value):
             DQNConfig(env="gymnax:CartPole-v1", **{field: value})
 
 
-@pytest.mark.parametrize("cls", ["ppo", "dqn"])
+@pytest.mark.parametrize("cls", ["ppo", "pqn", "dqn", "sac"])
 def test_compile_keys_are_derived_from_the_field_groups(cls):
-    """Every field of the run / tianji / layout groups is reset by the compile key, every other
-    field enters it; the async-only check covers exactly the tianji group."""
+    """Every field of the run / tianji / layout groups is reset by the compile key (one for every
+    algorithm), every other field enters it; the async-only check covers exactly the tianji group."""
     from tianji_jax.config_base import FIELD_GROUPS, fields_in, not_compiled
-    from tianji_jax.runtime.anakin import compile_key
-    from tianji_jax.runtime.dqn_anakin import dqn_compile_key
+    from tianji_jax.runtime.anakin import compile_key as key
 
-    from tianji_jax import DQNConfig
+    import tianji_jax as tj
 
-    cls, key = (PPOConfig, compile_key) if cls == "ppo" else (DQNConfig, dqn_compile_key)
+    cls = {"ppo": PPOConfig, "pqn": tj.PQNConfig, "dqn": tj.DQNConfig, "sac": tj.SACConfig}[cls]
     config = cls()
     grouped = fields_in(config, *FIELD_GROUPS)
     assert set(not_compiled(config)) == set(grouped)

@@ -92,7 +92,7 @@ def test_wrong_type_raises_type_error(changes, field):
 
 
 def test_make_dqn_train_refuses_an_async_config():
-    with pytest.raises(ValueError, match=r"make_dqn_train builds the Anakin runtime only; got runtime='async'"):
+    with pytest.raises(ValueError, match=r"make_train builds the Anakin runtime only; got runtime='async'"):
         tj.make_dqn_train(small(runtime="async"))
     assert isinstance(tj.make_dqn_train(small()), tj.DQNAnakin)
 
@@ -378,4 +378,4 @@ def test_cli_algo_dqn_help_and_errors(capsys):
     err = capsys.readouterr().err
     assert err.startswith("tianji train: error: ") and "replay_ratio" in err
     assert _exit_code(["train", "--help"]) in (0, None)
-    assert "--algo {ppo,pqn,dqn}" in capsys.readouterr().out
+    assert "--algo {" + ",".join(tj.algorithm_names()) + "}" in capsys.readouterr().out  # ppo,pqn,dqn,sac

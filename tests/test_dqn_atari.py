@@ -14,8 +14,8 @@ import pytest
 import tianji_jax as tj
 from tianji_jax import frame_replay
 from tianji_jax.envs.host import EnvpoolVecEnv
-from tianji_jax.runtime.dqn_host import DQNHostActor, HostNStep, chunk_episode_stats
-from tianji_jax.runtime.dqn_parts import DQNParts
+from tianji_jax.runtime.replay_host import ReplayHostActor, HostNStep, chunk_episode_stats
+from tianji_jax.algos.dqn.agent import DQNAgent
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,10 +36,10 @@ def test_frame_chunks_rebuild_envpool_transitions_and_count_games():
     across a chunk the lag gate dropped. Episode statistics count games, not lives."""
     cfg = tj.DQNConfig.atari("envpool:Breakout-v5", n_step=3, gamma=0.9, **SMALL)
     assert cfg.frame_replay and cfg.atari_settings["episodic_life"]
-    parts = DQNParts(cfg)
+    parts = DQNAgent(cfg)
     assert parts.network.torso == "nature_cnn"
     params = parts.init_learner(jax.random.PRNGKey(0)).params
-    actor = DQNHostActor(cfg, parts, jax.jit(parts.host_act), None, 0, jax.random.PRNGKey(1), None, None,
+    actor = ReplayHostActor(cfg, parts, jax.jit(parts.host_act), None, 0, jax.random.PRNGKey(1), None, None,
                          lambda: 0, lambda *_: None)
     actor.env.close()  # short games so truncations, lost lives and game overs all occur
     actor.env = EnvpoolVecEnv("Breakout-v5", 2, seed=5, episodic_life=True, reward_clip=True, max_episode_steps=60)

@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_dqn import AsyncDQN
-from tianji_jax.runtime.dqn_sharded import split_by_env
+from tianji_jax.runtime.async_replay import AsyncReplay
+from tianji_jax.runtime.replay_sharded import split_by_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,7 +39,7 @@ def test_replicas_stay_identical_and_each_shard_keeps_its_own_items(prioritized)
     that the replicas, sampling different items, would drift apart), and the insert put each
     env column's items only into its shard."""
     config = tj.DQNConfig(**SMALL, prioritized=prioritized, total_env_steps=512)
-    dqn = AsyncDQN(config)
+    dqn = AsyncReplay(config)
     parts = dqn.parts
     params = jax.device_put(dqn.learner_state.params, dqn.actor_device)
     actor = dqn._actor_states[0]

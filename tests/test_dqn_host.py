@@ -12,10 +12,10 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.algos import dqn
 from tianji_jax.envs.host import HostStep
-from tianji_jax.runtime.async_dqn import AsyncDQN
+from tianji_jax.runtime.async_replay import AsyncReplay
 from tianji_jax.runtime.chunker import TrajectoryChunker
-from tianji_jax.runtime.dqn_host import HostNStep, chunk_episode_stats
-from tianji_jax.runtime.dqn_parts import DQNParts, actor_epsilons
+from tianji_jax.runtime.replay_host import HostNStep, chunk_episode_stats
+from tianji_jax.algos.dqn.agent import DQNAgent, actor_epsilons
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,11 +23,11 @@ GAMMA = 0.9
 HOST = dict(env="envpool:CartPole-v1", runtime="async", eval_episodes=0)
 
 
-def _parts(num_envs: int, num_steps: int, n_step: int, **kw) -> DQNParts:
+def _parts(num_envs: int, num_steps: int, n_step: int, **kw) -> DQNAgent:
     cfg = tj.DQNConfig(**{**HOST, "num_envs": num_envs, "num_steps": num_steps, "n_step": n_step, "gamma": GAMMA,
                           "batch_size": 8, "learning_starts": 64, "replay_ratio": 1.0 / (num_envs * num_steps),
                           "total_env_steps": 1000, "buffer_capacity": 256, **kw})
-    return DQNParts(cfg)
+    return DQNAgent(cfg)
 
 
 def _stream(num_envs: int, length: int, ends: dict[tuple[int, int], str], seed: int = 0) -> dict[str, np.ndarray]:
@@ -176,7 +176,7 @@ def test_reset_steps_never_become_transitions():
 
 def test_image_observations_keep_their_dtype():
     """Atari-style uint8 frames go through the builder unchanged (no float cast on the host)."""
-    parts = DQNParts(tj.DQNConfig(env="envpool:Pong-v5", runtime="async", num_envs=2, num_steps=2, batch_size=8,
+    parts = DQNAgent(tj.DQNConfig(env="envpool:Pong-v5", runtime="async", num_envs=2, num_steps=2, batch_size=8,
                                   learning_starts=64, replay_ratio=0.25, total_env_steps=1000, buffer_capacity=64,
                                   eval_episodes=0))
     assert parts.obs_dtype == np.uint8 and parts.obs_shape == (4, 84, 84)
@@ -205,8 +205,8 @@ def test_apex_epsilons_per_env_across_actors():
     with pytest.raises(ValueError, match="actor_id"):
         actor_epsilons(lin, 0, 1)
     # Anakin (one actor): the same per-env epsilons inside the compiled rollout
-    gym = DQNParts(tj.DQNConfig(epsilon_schedule="apex", num_envs=4, replay_ratio=0.25))
-    np.testing.assert_allclose(gym.env_epsilons(0), 0.4 ** (1 + 7 * np.arange(4) / 3), rtol=1e-6)
+    gym = DQNAgent(tj.DQNConfig(epsilon_schedule="apex", num_envs=4, replay_ratio=0.25))
+    np.testing.assert_allclose(gym.env_explore(0), 0.4 ** (1 + 7 * np.arange(4) / 3), rtol=1e-6)
 
 
 def test_config_errors():
@@ -230,7 +230,7 @@ SMALL = dict(HOST, total_env_steps=7_000, num_envs=4, num_steps=8, batch_size=32
 def test_async_host_dqn_keeps_the_replay_ratio_and_stamps_what_actors_acted_with():
     """Two actors on envpool in async mode (2 of 4 envs per batch), Ape-X epsilons."""
     config = tj.DQNConfig(**SMALL, env_batch_size=2, epsilon_schedule="apex", num_actors=2)
-    run = AsyncDQN(config)
+    run = AsyncReplay(config)
     try:
         done = run.runner.run(lambda v, m, item: False)
     finally:

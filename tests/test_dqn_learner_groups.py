@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.runtime.async_dqn import AsyncDQN
+from tianji_jax.runtime.async_replay import AsyncReplay
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,7 +42,7 @@ def test_sync_groups_average_online_and_target_params_at_sync_points():
     differ (own replay, own samples). Each group's replay holds only its actor's items; each
     group's rate limiter holds the replay ratio on its own inserts."""
     config = tj.DQNConfig(**SMALL, schedule="sync", sync_every=2, total_env_steps=1024)
-    dqn = AsyncDQN(config)
+    dqn = AsyncReplay(config)
     published: dict = {}
     dqn.runner.extra_snapshot = lambda: {"group": dqn.runner.publishing_group, "states": list(dqn.learner_states)}
 

@@ -176,12 +176,12 @@ def test_ppo_actor_thread_crash_reaches_the_caller_and_every_env_step_is_counted
 def test_dqn_actor_thread_crash_reaches_the_caller_and_every_env_step_is_counted(capsys):
     """Budget: about 10 s. Two relaxed actors into replay; actor 1 raises on its 8th chunk (late enough
     for the 64-slot replay ring to have wrapped, so eviction is part of the identity)."""
-    from tianji_jax.runtime.async_dqn import AsyncDQN
+    from tianji_jax.runtime.async_replay import AsyncReplay
 
     config = tj.DQNConfig(env="gymnax:CartPole-v1", runtime="async", num_actors=2, num_envs=4, num_steps=4,
                           learning_starts=48, buffer_capacity=64, batch_size=16, replay_ratio=0.25,
                           total_env_steps=20_000, eval_episodes=0, eval_every_env_steps=4_000)
-    dqn = AsyncDQN(config)
+    dqn = AsyncReplay(config)
     runner = dqn.runner
     first_chunks: list = []  # each actor's first chunk (its n-step window starts empty); held, so ids stay unique
     taken: list = []  # every chunk the learner inserted into replay, in order (held, as above)

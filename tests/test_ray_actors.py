@@ -180,6 +180,26 @@ def test_dqn_ray_cells_of_the_capability_table_run(cluster, env, layout):
     assert np.all(np.isfinite(c["td_loss"]))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env, layout", [("envpool:Pendulum-v1", {}), ("gymnasium:Pendulum-v1", {}),
+                                         ("envpool:Pendulum-v1", {"num_learner_devices": 2}),
+                                         ("gymnasium:Pendulum-v1", {"num_learner_devices": 2}),
+                                         ("envpool:Pendulum-v1", {"num_learner_groups": 2}),
+                                         ("gymnasium:Pendulum-v1", {"num_learner_groups": 2})])
+def test_sac_ray_cells_of_the_capability_table_run(cluster, env, layout):
+    """SAC's Ray cells, through the generic replay host actor the registry gives it (SAC registers
+    no factory of its own): remote actors sample the squashed Gaussian on CPU and feed continuous
+    n-step transitions to the learner's replay; nothing lost, the replay ratio held."""
+    config = tj.SACConfig(env=env, **{**DQN_SMALL, "replay_ratio": 1 / 8}, hidden_sizes=(32, 32),
+                          total_env_steps=1200, eval_every_env_steps=400, **layout)
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 800
+    np.testing.assert_allclose(c["replay_ratio_observed"][-1], config.replay_ratio, rtol=0.25)
+    assert np.all(np.isfinite(c["td_loss"])) and np.all(np.isfinite(c["alpha"]))
+
+
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
     its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""
@@ -238,10 +258,10 @@ def test_killed_remote_dqn_actor_loses_one_chunk_and_every_env_step_is_counted(c
     ``produced == inserted + dropped_stale + resident`` with ``produced`` the env steps of every
     delivered chunk, and env steps acted == delivered + lost chunk x chunk size."""
     from tianji_jax.config import DQNConfig
-    from tianji_jax.runtime.async_dqn import AsyncDQN
+    from tianji_jax.runtime.async_replay import AsyncReplay
 
     config = DQNConfig(env="envpool:CartPole-v1", **DQN_SMALL, total_env_steps=200_000, ray_max_restarts=2)
-    dqn = AsyncDQN(config)
+    dqn = AsyncReplay(config)
     try:
         clients = dqn.remote.clients
         killed = _kill_during_rollout(clients[0], after_chunks=3)

@@ -43,7 +43,7 @@ def _shapes(network, obs_shape):
 
 
 def test_minatar_networks_see_the_observation():
-    from tianji_jax.runtime.dqn_parts import make_q_network
+    from tianji_jax.algos.dqn.agent import make_q_network
     from tianji_jax.algos.ppo.agent import make_network
 
     ppo = make_network(tj.PPOConfig(env="gymnax:Breakout-MinAtar", hidden_sizes=(32,)))

@@ -15,10 +15,10 @@ from tianji_jax.caches import cache_dir, clear_caches, enable_persistent_cache
 enable_persistent_cache()
 
 from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm
-from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, PQNConfig, load_config
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, PQNConfig, SACConfig, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.runtime.anakin import OnPolicyAnakin, OnPolicyTrainState, PPOAnakin, PPOTrainState, make_train
-from tianji_jax.runtime.dqn_anakin import DQNAnakin, DQNTrainState, make_dqn_train
+from tianji_jax.runtime.anakin import DQNAnakin, DQNTrainState, ReplayAnakin, ReplayTrainState, make_dqn_train
 from tianji_jax.training import METRIC_COLUMNS, LoadedRun, TrainResult, evaluate, load, load_params, train
 
 __version__ = "0.1.0"
@@ -26,8 +26,8 @@ __version__ = "0.1.0"
 __all__ = [
     "PPOConfig", "make_train", "train", "evaluate", "load_params", "TrainResult", "PPOTrainState", "PPOAnakin",
     "EvalResult", "METRIC_COLUMNS", "__version__",
-    "PQNConfig", "OnPolicyTrainState", "OnPolicyAnakin",
-    "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin",
+    "PQNConfig", "SACConfig", "OnPolicyTrainState", "OnPolicyAnakin",
+    "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin", "ReplayTrainState", "ReplayAnakin",
     "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches", "cache_dir",
     "Algorithm", "register_algorithm", "algorithm_names",
 ]

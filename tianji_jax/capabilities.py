@@ -3,7 +3,7 @@ cells tianji_jax supports, and for every other cell the reason, which the config
 
 Dimensions of a cell (:class:`Cell`):
 
-* ``algo``: ``"ppo"``, ``"pqn"`` (on-policy data path) or ``"dqn"`` (replay data path);
+* ``algo``: ``"ppo"``, ``"pqn"`` (on-policy data path), ``"dqn"`` or ``"sac"`` (replay data path);
 * ``runtime``: ``"anakin"`` (act, env step and learn fused in one compiled program on one device)
   or ``"async"`` (the TianJi runtime: actors and learners run concurrently);
 * ``actors``: ``"threads"`` (actor threads in the learner's process) or ``"ray"`` (remote actor
@@ -27,8 +27,8 @@ from typing import Any, Callable
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "reason", "table", "markdown",
            "cell_of", "check"]
 
-ALGOS = ("ppo", "pqn", "dqn")
-DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay"}
+ALGOS = ("ppo", "pqn", "dqn", "sac")
+DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay", "sac": "replay"}
 """Each built-in algorithm's data path: rules about a data path apply to every algorithm on it
 (an algorithm registered by another package is checked as its data path's)."""
 RUNTIMES = ("anakin", "async")
@@ -84,7 +84,7 @@ RULES: tuple[_Rule, ...] = (
           "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
     # not built yet
     _Rule(lambda c: DATA_PATH.get(c.algo) == "replay" and c.layout == "multi_host", "layout",
-          "not built yet for the replay data path: DQN's learners run in one process"),
+          "not built yet for the replay data path: its learners run in one process"),
     _Rule(lambda c: c.actors == "ray" and c.layout == "multi_host", "actor_backend",
           "Ray actors feed one learner process; several learner processes with Ray actors are not built yet",
           "actor_backend='ray' is not supported with {layout_field}={layout_value} yet (Ray actors feed one "

@@ -19,9 +19,10 @@ from typing import Any
 from tianji_jax.algos.dqn.config import DQNConfig
 from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.algos.pqn.config import PQNConfig
+from tianji_jax.algos.sac.config import SACConfig
 from tianji_jax.config_base import _check_bool, _check_int, _plain_numbers
 
-__all__ = ["PPOConfig", "PQNConfig", "DQNConfig"]
+__all__ = ["PPOConfig", "PQNConfig", "DQNConfig", "SACConfig"]
 
 
 # ================================================================================================

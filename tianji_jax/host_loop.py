@@ -3,7 +3,7 @@
 over compiled chunks (:func:`run_anakin`), the async runtime's loop (:func:`run_async`), the end
 of a run (:func:`finish`), the async runtime's columns (:func:`async_columns`) and resume argument
 (:func:`async_restore`). The algorithms' own pieces (row builders, what a row checkpoints) are in
-:mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_dqn`."""
+:mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay`."""
 
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
 
 def async_restore(restored: Any) -> dict | None:
     """The ``restore`` argument of :class:`~tianji_jax.runtime.async_on_policy.AsyncOnPolicy` /
-    :class:`~tianji_jax.runtime.async_dqn.AsyncDQN` from a restored checkpoint (a
+    :class:`~tianji_jax.runtime.async_replay.AsyncReplay` from a restored checkpoint (a
     :class:`~tianji_jax.checkpoint.Restored`, or None for a new run: None); reports on stderr what
     the cut leaves out."""
     if restored is None:

@@ -21,7 +21,7 @@ METRIC_COLUMNS = (
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
     "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "lost_chunks", "actor_wait_frac", "learner_wait_frac", "queue_depth",
     "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
-    "epsilon", "replay_ratio_observed", "td_loss", "q_mean", "nonfinite_skips",
+    "epsilon", "replay_ratio_observed", "td_loss", "q_mean", "nonfinite_skips", "alpha",
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
 far; ``wall_time_s`` is seconds since ``train`` started; ``sps`` is env steps per second over the
@@ -56,6 +56,10 @@ chunk's gradient updates; DQN leaves ``policy_loss``/``value_loss``/``entropy``/
 ``clip_fraction`` empty), ``q_mean`` (mean online ``Q(s, a)`` of the sampled transitions); for DQN
 ``update`` is the policy version (learner blocks run), ``grad_norm`` is before clipping and
 ``policy_lag_*`` is the age in versions of the sampled replay items (many by design).
+SAC (a replay algorithm: ``replay_ratio_observed``, ``td_loss`` and ``q_mean`` as for DQN, the
+critics' summed squared error and their mean on the sampled pairs): ``policy_loss`` (the actor's
+loss ``alpha log pi - min Q``), ``entropy`` (``-log pi`` of fresh policy samples), ``alpha`` (the
+entropy temperature; empty for the other algorithms).
 Every algorithm: ``nonfinite_skips`` (gradient steps of the chunk skipped because their loss or
 gradient was not finite; params and optimizer state were left as they were; after
 ``max_nonfinite_updates`` consecutive updates with a skip the run stops with an error)."""
@@ -68,7 +72,7 @@ class TrainResult:
     Attributes:
         config: the config that ran.
         state: the final :class:`~tianji_jax.runtime.anakin.PPOTrainState`
-            (:class:`~tianji_jax.runtime.dqn_anakin.DQNTrainState` for a DQN run).
+            (:class:`~tianji_jax.runtime.anakin.ReplayTrainState` for a DQN run).
         curve: learning curve, a dict mapping each of :data:`METRIC_COLUMNS` to a ``(rows,)``
             float64 numpy array (NaN where a value is missing).
         run_dir: the run directory, or None.
@@ -96,7 +100,7 @@ class LoadedRun:
     Attributes:
         config: the run's :class:`PPOConfig` / :class:`DQNConfig` (from ``config.json``).
         state: the train state of the checkpoint (:class:`~tianji_jax.runtime.anakin.PPOTrainState`
-            or :class:`~tianji_jax.runtime.dqn_anakin.DQNTrainState`; a DQN checkpoint saved without
+            or :class:`~tianji_jax.runtime.anakin.ReplayTrainState`; a DQN checkpoint saved without
             its replay buffer has an empty one; an async host-env run has ``state.actor = None``).
         step: env steps of the checkpoint.
         meta: the checkpoint's metadata (see :mod:`tianji_jax.checkpoint`).

@@ -340,9 +340,9 @@ def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacke
     several actors)."""
     key = jax.random.PRNGKey(config.seed)
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import DQNTrainState, shared_dqn_train as make_dqn_train
+        from tianji_jax.runtime.anakin import DQNTrainState, shared_train as make_dqn_train
 
-        from tianji_jax.runtime.dqn_sharded import init_sharded_replay
+        from tianji_jax.runtime.replay_sharded import init_sharded_replay
 
         trainer = make_dqn_train(config)
         shards = config.num_learner_devices

@@ -20,7 +20,7 @@ def expected_params(config: Any) -> Any:
     from tianji_jax.config import DQNConfig
 
     if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.dqn_anakin import shared_dqn_train
+        from tianji_jax.runtime.anakin import shared_train as shared_dqn_train
 
         trainer = shared_dqn_train(config)
     else:  # every on-policy algorithm: its agent

@@ -1,7 +1,7 @@
 """The public training API: :func:`train`, :func:`evaluate`, :func:`load`, :func:`load_params` and
 what they return (:class:`TrainResult`, :class:`LoadedRun`, :data:`METRIC_COLUMNS`, defined in
 :mod:`tianji_jax.results`). The host loop behind :func:`train` is in :mod:`tianji_jax.host_loop`
-(shared by every algorithm and runtime), :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_dqn`
+(shared by every algorithm and runtime), :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay`
 (each algorithm's rows and async loop); the run directory in :mod:`tianji_jax.run_files`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax import host_dqn, host_on_policy  # noqa: F401 - re-exported for callers
+from tianji_jax import host_on_policy, host_replay  # noqa: F401 - re-exported for callers
 from tianji_jax.algos.registry import algorithm_for
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
 from tianji_jax.evaluation import EvalResult

@@ -27,7 +27,7 @@ x 16 minibatches, lr 3e-4, epsilon 1 -> 0.05 over 50% of 524,288 env steps, lamb
 64x64, gradient clipping at 10: rejax clips each gradient element, tianji_jax the global norm). On
 LunarLander (envpool) the library rejects Anakin: unsupported.
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
-evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_dqn` (looked up there by
+evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay` (looked up there by
 ``train`` and ``evaluate``), and the window in which an Anakin run compiles its last, shorter chunk
 in the background by wrapping :class:`tianji_jax.runtime.tail_compile.TailCompile` (``CONV_DONE``'s
 ``tail_compile_s``: [start, end] in wall s since ``t0``, None when the run has no such chunk or did
@@ -49,7 +49,7 @@ if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/ru
     jax.config.update("jax_num_cpu_devices", 2)
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax import host_dqn, host_on_policy  # noqa: E402
+from tianji_jax import host_on_policy, host_replay  # noqa: E402
 from tianji_jax.runtime import tail_compile  # noqa: E402
 from tianji_jax.provenance import provenance  # noqa: E402
 
@@ -72,7 +72,7 @@ def _timed_factory(factory):
 
 
 host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_evaluator)
-host_dqn.dqn_evaluator = _timed_factory(host_dqn.dqn_evaluator)
+host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
 
 # When the Anakin run's last, shorter chunk is compiled in its background thread (wall s since t0;
 # reported in CONV_DONE as ``tail_compile_s`` [start, end], so the evaluation intervals it overlaps

@@ -29,6 +29,17 @@ DATA_PATHS = ("on_policy", "replay")
 algorithm's replay ratio."""
 
 
+_GENERIC = {
+    "on_policy": (("train", "tianji_jax.host_on_policy:train_on_policy"),
+                  ("evaluate", "tianji_jax.host_on_policy:evaluate_on_policy"),
+                  ("host_actor", "tianji_jax.runtime.host_actor:on_policy_host_actor")),
+    "replay": (("train", "tianji_jax.host_replay:train_replay"),
+               ("evaluate", "tianji_jax.host_replay:evaluate_replay"),
+               ("host_actor", "tianji_jax.runtime.replay_host:replay_host_actor")),
+}
+"""The generic train / evaluate / host-actor functions of each data path (an agent's defaults)."""
+
+
 def _resolve(ref: str | Callable) -> Callable:
     if callable(ref):
         return ref
@@ -94,16 +105,14 @@ class Algorithm:
             raise ValueError(f"Algorithm.name must be a lower-case identifier such as 'ppo', got {self.name!r}")
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"Algorithm.data_path must be one of {DATA_PATHS}, got {self.data_path!r}")
-        if self.agent is not None and self.data_path == "on_policy":  # the generic on-policy runtime
-            for name, default in (("train", "tianji_jax.host_on_policy:train_on_policy"),
-                                  ("evaluate", "tianji_jax.host_on_policy:evaluate_on_policy"),
-                                  ("host_actor", "tianji_jax.runtime.host_actor:on_policy_host_actor")):
+        if self.agent is not None:  # the generic runtimes of its data path
+            for name, default in _GENERIC[self.data_path]:
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, default)
         for name in ("train", "evaluate"):
             if getattr(self, name) is None:
-                raise ValueError(f"Algorithm.{name} is required unless an on-policy agent is given "
-                                 f"(agent='module:Class' with data_path='on_policy'); algorithm {self.name!r}")
+                raise ValueError(f"Algorithm.{name} is required unless an agent is given "
+                                 f"(agent='module:Class'); algorithm {self.name!r}")
 
     @property
     def agent_cls(self) -> type:
@@ -236,6 +245,9 @@ register_algorithm(Algorithm(
     description="PQN (Gallici et al. 2024): LayerNorm Q-network, Q(lambda) on-policy, no replay or target net"))
 register_algorithm(Algorithm(
     name="dqn", config="tianji_jax.algos.dqn.config:DQNConfig", data_path="replay",
-    train="tianji_jax.host_dqn:train_dqn", evaluate="tianji_jax.host_dqn:evaluate_dqn",
-    host_actor="tianji_jax.runtime.dqn_host:dqn_host_actor",
+    agent="tianji_jax.algos.dqn.agent:DQNAgent",
     description="the DQN family (Mnih et al. 2015): double Q, n-step, dueling, prioritised replay"))
+register_algorithm(Algorithm(
+    name="sac", config="tianji_jax.algos.sac.config:SACConfig", data_path="replay",
+    agent="tianji_jax.algos.sac.agent:SACAgent",
+    description="SAC (Haarnoja et al. 2018): twin soft Q, squashed Gaussian actor, learned temperature; Box actions"))

@@ -34,13 +34,21 @@ class EnvSpec:
 
     Attributes:
         backend: one of :data:`BACKENDS`.
-        name: the registered id, or the class name of a user object.
+        name: the registered id, or the class name of a user object, followed by the canonical
+            wrappers or host modifiers (``"CartPole-v1|mask=0,2"``, ``"CartPole-v1|latency_ms=5"``);
+            :attr:`base_id` is the id without them.
         env: the gymnax-style environment object (None for host backends, whose envs are made
             by each actor: :meth:`make_host_env`).
         env_params: its default params (a pytree; None for host backends).
         observation_space: :class:`Box` of one env's observation.
         action_space: :class:`Discrete` or :class:`Box` of one env's action.
         episode_limit: host backends: the registered time limit in env steps (None if none).
+        latency_ms: host backends: milliseconds each batched step of a training env takes at least
+            (``"envpool:<id>|latency_ms=5"``; 0.0: no added latency), see
+            :class:`~tianji_jax.envs.latency.LatencyVecEnv` and :meth:`make_host_env`.
+
+    Specs compare by identity (``eq=False``); configs compare by their ``env`` string, so two
+    configs with the same ``env`` string (latency included) are equal.
     """
 
     backend: str
@@ -50,6 +58,13 @@ class EnvSpec:
     observation_space: Box
     action_space: Discrete | Box
     episode_limit: int | None = None
+    latency_ms: float = 0.0
+
+    @property
+    def base_id(self) -> str:
+        """:attr:`name` without its ``|`` wrappers or modifiers: the id the backend registers
+        (``"CartPole-v1"`` for ``"CartPole-v1|latency_ms=5"``)."""
+        return self.name.split("|", 1)[0]
 
     @property
     def is_atari(self) -> bool:
@@ -58,7 +73,7 @@ class EnvSpec:
             return False
         import envpool
 
-        return "episodic_life" in envpool.make_spec(self.name)._config_keys
+        return "episodic_life" in envpool.make_spec(self.base_id)._config_keys
 
     @property
     def on_host(self) -> bool:
@@ -80,6 +95,12 @@ class EnvSpec:
         (evaluation plays whole games and reports raw scores) and keeps the sticky-action
         probability.
 
+        A spec with :attr:`latency_ms` ``> 0`` wraps its training envs in
+        :class:`~tianji_jax.envs.latency.LatencyVecEnv` (each batched step takes at least
+        ``latency_ms`` milliseconds, waiting rather than spinning). Evaluation envs
+        (``evaluation=True``) get no latency: evaluation measures the policy, and its cost is
+        reported apart from training's, so a modelled simulator delay would only slow it down.
+
         Raises:
             ValueError: a gymnax spec, ``batch_size`` for gymnasium (sync only), or an unknown key
                 in ``atari``.
@@ -95,14 +116,22 @@ class EnvSpec:
                 kwargs = {**ATARI_DEFAULTS, **(atari or {})}
                 if evaluation:
                     kwargs.update(episodic_life=False, reward_clip=False)
-            return host.EnvpoolVecEnv(self.name, num_envs, batch_size=batch_size, seed=seed, **kwargs)
+            return self._with_latency(host.EnvpoolVecEnv(self.base_id, num_envs, batch_size=batch_size,
+                                                         seed=seed, **kwargs), evaluation)
         if self.backend == "gymnasium":
             if batch_size not in (None, num_envs):
                 raise ValueError(f"env_batch_size={batch_size}: gymnasium vector envs are sync only "
                                  f"(allowed: None or num_envs={num_envs})")
-            return host.GymnasiumVecEnv(self.name, num_envs, seed=seed)
+            return self._with_latency(host.GymnasiumVecEnv(self.base_id, num_envs, seed=seed), evaluation)
         raise ValueError(f"env {self.name!r}: backend {self.backend!r} is not a host backend "
                          f"(allowed: {list(HOST_BACKENDS)})")
+
+    def _with_latency(self, env: Any, evaluation: bool) -> Any:
+        if self.latency_ms > 0 and not evaluation:
+            from tianji_jax.envs.latency import LatencyVecEnv
+
+            return LatencyVecEnv(env, self.latency_ms)
+        return env
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
@@ -151,13 +180,18 @@ def resolve_env(env: Any) -> EnvSpec:
             left to right, innermost first (:func:`tianji_jax.envs.wrappers.apply_wrappers`):
             ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
             ``"gymnax:Pendulum-v1|clip_action"``; the spec's spaces are the wrapped env's and its
-            ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``).
+            ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``). A host id may be
+            followed by host modifiers (:data:`~tianji_jax.envs.latency.HOST_WRAPPER_SYNTAX`):
+            ``"envpool:CartPole-v1|latency_ms=5"`` (a finite number of milliseconds >= 0) sets
+            :attr:`EnvSpec.latency_ms`, and the name ends in ``"|latency_ms=5"``.
 
     Raises:
         ValueError: unknown backend (allowed: :data:`BACKENDS`), unknown id (the message lists the
             closest registered ids), an object missing part of the gymnax interface, a space
-            type other than Discrete/Box, an unknown wrapper or bad wrapper value, or wrappers on a
-            host backend (not supported yet).
+            type other than Discrete/Box, an unknown wrapper or bad wrapper value, a gymnax wrapper
+            on a host backend (not supported yet), an unknown host modifier (lists the allowed
+            ones) or bad ``latency_ms`` value (negative, not finite, not a number), or
+            ``latency_ms`` on a gymnax id (device envs step inside compiled code).
     """
     if isinstance(env, str):
         base, *wrappers = env.split("|")  # "gymnax:<id>|<wrapper>|...": see tianji_jax.envs.wrappers
@@ -167,9 +201,7 @@ def resolve_env(env: Any) -> EnvSpec:
         if backend not in BACKENDS:
             raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}")
         if backend in HOST_BACKENDS:
-            if wrappers:
-                raise ValueError(f"env={env!r}: wrappers apply to gymnax envs; host envs ({backend}) not yet")
-            return _resolve_host(env, backend, env_id)
+            return _resolve_host(env, backend, env_id, wrappers)
         known = _gymnax_ids()
         if env_id not in known:
             close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.4)
@@ -209,10 +241,11 @@ def resolve_env(env: Any) -> EnvSpec:
     return EnvSpec(backend, name, obj, params, obs_space, act_space)
 
 
-def _resolve_host(env: str, backend: str, env_id: str) -> EnvSpec:
+def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tuple[str, ...] = ()) -> EnvSpec:
     """Spaces and time limit of an envpool/gymnasium id, without stepping (or, for envpool,
-    creating) an env."""
+    creating) an env, and its ``|`` modifiers (:func:`~tianji_jax.envs.latency.parse_host_modifiers`)."""
     from tianji_jax.envs import host
+    from tianji_jax.envs.latency import parse_host_modifiers
 
     known = host.envpool_ids() if backend == "envpool" else host.gymnasium_ids()
     try:
@@ -220,6 +253,7 @@ def _resolve_host(env: str, backend: str, env_id: str) -> EnvSpec:
                        else "gymnasium.registry")
     except ValueError as err:
         raise ValueError(f"env={env!r}: {err}") from None
+    values, suffix = parse_host_modifiers(modifiers, env, backend)
     if backend == "envpool":
         import envpool
 
@@ -240,4 +274,5 @@ def _resolve_host(env: str, backend: str, env_id: str) -> EnvSpec:
         raise ValueError(f"env={env!r}: {err}") from None
     if not isinstance(obs_space, Box):
         raise ValueError(f"env={env!r}: observation space must be a Box, got {obs_space!r}")
-    return EnvSpec(backend, env_id, None, None, obs_space, act_space, None if limit is None else int(limit))
+    return EnvSpec(backend, env_id + suffix, None, None, obs_space, act_space, None if limit is None else int(limit),
+                   latency_ms=values.get("latency_ms", 0.0))

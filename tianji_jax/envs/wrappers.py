@@ -14,7 +14,11 @@ inner env has it) ``num_actions``. Wrappers compose and run through
 
 Id syntax (see :func:`apply_wrappers`): ``"gymnax:<id>|<wrapper>|<wrapper>..."``, applied left to
 right, innermost first, e.g. ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
-``"gymnax:Pendulum-v1|clip_action"``. Host backends (envpool, gymnasium) take no wrappers yet.
+``"gymnax:Pendulum-v1|clip_action"``. Host backends (envpool, gymnasium) take none of these
+wrappers yet; they take the host modifier ``latency_ms`` instead (:data:`HOST_WRAPPER_SYNTAX`,
+:class:`~tianji_jax.envs.latency.LatencyVecEnv`): ``"envpool:CartPole-v1|latency_ms=5"`` makes each
+batched step of a training env take at least 5 milliseconds (a slow external simulator), which a
+gymnax id refuses (device envs step inside compiled code).
 """
 
 from __future__ import annotations
@@ -27,15 +31,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
+
 __all__ = ["Wrapper", "ObservationMask", "FrameStack", "FrameStackState", "ClipAction", "WRAPPER_SYNTAX",
-           "apply_wrappers"]
+           "HOST_WRAPPER_SYNTAX", "apply_wrappers"]
 
 WRAPPER_SYNTAX = {
     "mask": "comma-separated distinct observation indices, e.g. mask=0,2 (ObservationMask)",
     "frame_stack": "an integer >= 1, e.g. frame_stack=4 (FrameStack)",
     "clip_action": "no value, just clip_action (ClipAction)",
 }
-"""Wrapper names of the id syntax and the value each takes."""
+"""Wrapper names of the id syntax and the value each takes (device envs; the host envs' modifiers are
+:data:`HOST_WRAPPER_SYNTAX`, re-exported here from :mod:`tianji_jax.envs.latency`)."""
 
 _INTERFACE = ("reset", "step", "default_params", "observation_space", "action_space")
 
@@ -363,13 +370,16 @@ def apply_wrappers(env: Any, terms: Sequence[str], env_text: str = "") -> tuple[
 
     Raises:
         ValueError: one line naming the wrapper and value: an unknown wrapper name (lists the
-            allowed names), a value that does not parse (gives the allowed values), or a value the
+            allowed names), a host modifier (``latency_ms``: host envs only), a value that does not parse (gives the allowed values), or a value the
             wrapper refuses for this env (e.g. an index outside the observation).
     """
     prefix = f"env={env_text!r}: " if env_text else ""
     suffix = ""
     for term in terms:
         name, eq, value = (s.strip() for s in term.strip().partition("="))
+        if name in HOST_WRAPPER_SYNTAX:
+            raise ValueError(f"{prefix}{name!r} applies to host envs (envpool:, gymnasium:) only, since device envs "
+                             f"step inside compiled code; allowed wrappers: {list(WRAPPER_SYNTAX)}")
         if name not in WRAPPER_SYNTAX:
             raise ValueError(f"{prefix}unknown wrapper {name!r} (in {term.strip()!r}); allowed wrappers: "
                              f"{list(WRAPPER_SYNTAX)}")

@@ -1,11 +1,19 @@
-"""Anakin mode for every on-policy algorithm: rollout and update fused into one compiled loop on
-one device.
+"""Anakin mode for every registered algorithm: acting and learning fused into one compiled loop on
+one device (Hessel et al. 2021, "Podracer architectures for scalable RL", the Anakin pattern).
 
-``make_train(config)`` returns an :class:`OnPolicyAnakin` around the config's agent (PPO's
-:class:`~tianji_jax.algos.ppo.agent.PPOAgent`, PQN's, or a registered one) whose ``init(key)``
-builds a train state and whose call runs a compiled chunk of ``U`` updates: ``state -> (state,
-metrics)`` with every metric shaped ``(U,)``. Both are pure, so ``jax.vmap`` over seeds works on
-them (Hessel et al. 2021, "Podracer architectures for scalable RL", the Anakin pattern).
+``make_train(config)`` switches on the algorithm's data path, in this one place:
+
+* **on-policy** (PPO, PQN, ...): an :class:`OnPolicyAnakin` around the config's
+  :class:`~tianji_jax.algos.on_policy.OnPolicyAgent`; each update is the agent's rollout then its
+  learn step on that trajectory;
+* **replay** (the DQN family, SAC, ...): a :class:`ReplayAnakin` around the config's
+  :class:`~tianji_jax.algos.replay_agent.ReplayAgent`; each iteration is the agent's rollout, the
+  insert of its n-step transitions into the device-resident replay, then (once more than
+  ``learning_starts`` env steps were taken) its learner block.
+
+Both have ``init(key)`` building a train state and a call running a compiled chunk
+``state -> (state, metrics)`` with every metric shaped ``(U,)``. Both are pure, so ``jax.vmap``
+over seeds works on them.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import threading
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -21,11 +30,13 @@ from tianji_jax.caches import register
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.algos.on_policy import ActorState, LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.algos.registry import agent_class_for
+from tianji_jax.algos.registry import agent_class_for, algorithm_for
+from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.config_base import not_compiled
 
-__all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "make_train", "compile_key",
-           "shared_train", "host_metrics"]
+__all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "ReplayTrainState", "ReplayAnakin",
+           "DQNTrainState", "DQNAnakin", "make_train", "make_dqn_train", "compile_key", "shared_train", "make_agent",
+           "host_metrics"]
 
 
 @struct.dataclass
@@ -121,45 +132,186 @@ class OnPolicyAnakin:
 PPOAnakin = OnPolicyAnakin
 """The name PPO's Anakin trainer had (kept for the public API)."""
 
-_CACHE: dict[tuple[OnPolicyConfig, int], OnPolicyAnakin] = register({})
+
+@struct.dataclass
+class ReplayTrainState:
+    """Everything an Anakin replay run needs to continue (one seed; vmapped runs add a leading axis).
+
+    Attributes:
+        actor: :class:`~tianji_jax.algos.replay_agent.ReplayActorState` (envs, observations,
+            n-step window, actor key, env steps taken); None after an async run on a host env backend.
+        learner: :class:`~tianji_jax.algos.replay_agent.ReplayLearnerState` (online and target
+            params, optimizer state, learner key, policy version, gradient steps).
+        replay: the device-resident buffer (:class:`~tianji_jax.replay.ReplayState`, or DQN's
+            frame replay for envpool Atari).
+    """
+
+    actor: ReplayActorState
+    learner: ReplayLearnerState
+    replay: Any
+
+    @property
+    def params(self) -> Any:
+        """The online params."""
+        return self.learner.params
+
+    @property
+    def obs_rms(self) -> None:
+        """None: replay algorithms do not normalise observations (the host loop's common interface)."""
+        return None
+
+    @property
+    def env_steps(self) -> jax.Array:
+        """int32 env steps taken."""
+        return self.actor.env_steps
+
+    @property
+    def update_count(self) -> jax.Array:
+        """int32 policy version (learner blocks run)."""
+        return self.learner.version
+
+
+DQNTrainState = ReplayTrainState
+"""DQN's train state (the replay train state; the name kept for the public API)."""
+
+
+class ReplayAnakin:
+    """Compiled Anakin run of a replay agent for one config. Build it with :func:`make_train`.
+
+    Reads top to bottom: each iteration is the agent's rollout (``T = num_steps`` steps of the
+    ``N`` envs, n-step transitions), their insert into replay, then, once more than
+    ``learning_starts`` env steps were taken, its learner block of ``updates_per_step`` gradient
+    updates; a chunk scans ``U`` iterations, donating the state so XLA updates the replay in place.
+
+    Attributes:
+        config: the config (a :class:`~tianji_jax.algos.replay_config.ReplayConfig` subclass).
+        agent: the :class:`~tianji_jax.algos.replay_agent.ReplayAgent`.
+        iterations_per_chunk: ``U``.
+        init: jitted ``key -> ReplayTrainState``.
+        chunk: jitted ``ReplayTrainState -> (ReplayTrainState, metrics)`` with the state donated
+            (the old state's buffers are deleted); ``metrics`` is a dict of ``(U,)`` arrays, one
+            entry per iteration: the rollout's ``episode_return_sum``, ``episode_length_sum``
+            (float32), ``episode_count`` (int32) and the agent's exploration metric (DQN:
+            ``epsilon``), ``acting_version`` (int32, the version the actor acted with),
+            ``env_steps`` (int32 after the iteration), ``learned`` (bool: a learner block ran),
+            ``gradient_steps`` (int32 updates in the iteration: 0 or ``updates_per_step``),
+            ``replay_size`` (int32), and the learner's metrics (``grad_norm``,
+            ``policy_lag_mean``, ``policy_lag_max``, ``nonfinite_skips`` and the agent's
+            ``ROW_METRICS``; 0 where it did not learn).
+
+    Raises:
+        ValueError: ``iterations_per_chunk`` is not an int ``>= 1``.
+    """
+
+    def __init__(self, agent: ReplayAgent, iterations_per_chunk: int):
+        if (isinstance(iterations_per_chunk, bool) or not isinstance(iterations_per_chunk, int)
+                or iterations_per_chunk < 1):
+            raise ValueError(f"iterations_per_chunk must be an int >= 1, got {iterations_per_chunk!r}")
+        self.agent = agent
+        self.config = agent.config
+        self.iterations_per_chunk = iterations_per_chunk
+        self.init = jax.jit(self._init)
+        self.chunk = jax.jit(self._chunk, donate_argnums=0)
+
+    def __call__(self, state: ReplayTrainState) -> tuple[ReplayTrainState, dict[str, jax.Array]]:
+        """Run one compiled chunk of ``U`` iterations (same as ``self.chunk``; donates ``state``)."""
+        return self.chunk(state)
+
+    def __getattr__(self, name: str) -> Any:  # the agent's functions (greedy_action, rollout, ...)
+        if name == "agent":
+            raise AttributeError(name)
+        return getattr(self.agent, name)
+
+    def _init(self, key: jax.Array) -> ReplayTrainState:
+        agent = self.agent
+        k_actor, k_learner = agent.split_init_key(key)
+        return ReplayTrainState(agent.init_actor(k_actor), agent.init_learner(k_learner), agent.init_replay())
+
+    def _iteration(self, state: ReplayTrainState, _):
+        agent, cfg, learner = self.agent, self.config, state.learner
+        # act: T steps of the N envs with the newest params, n-step transitions
+        actor, items, item_version, mask, stats = agent.rollout(learner.params, learner.version, state.actor)
+        # insert them into replay, stamped with the acting version
+        rs = agent.insert(state.replay, items, item_version, mask)
+        # learn: a block of updates_per_step gradient updates once learning started (version + 1)
+        learn_now = actor.env_steps > cfg.learning_starts
+        shapes = jax.eval_shape(agent.learn, learner, rs, actor.env_steps)[2]
+        learner, rs, learn_metrics = jax.lax.cond(
+            learn_now, lambda op: agent.learn(op[0], op[1], actor.env_steps),
+            lambda op: (*op, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)), (learner, rs))
+        metrics = {
+            **stats,
+            **learn_metrics,
+            "acting_version": state.learner.version,
+            "env_steps": actor.env_steps,
+            "learned": learn_now,
+            "gradient_steps": jnp.where(learn_now, cfg.updates_per_step, 0).astype(jnp.int32),
+            "replay_size": agent.replay_size(rs),
+        }
+        return ReplayTrainState(actor, learner, rs), metrics
+
+    def _chunk(self, state: ReplayTrainState):
+        return jax.lax.scan(self._iteration, state, None, length=self.iterations_per_chunk)
+
+
+DQNAnakin = ReplayAnakin
+"""The name DQN's Anakin trainer had (kept for the public API)."""
+
+_CACHE: dict[tuple[Any, int], OnPolicyAnakin | ReplayAnakin] = register({})
 _CACHE_LOCK = threading.RLock()
 
 
-def compile_key(config: OnPolicyConfig) -> OnPolicyConfig:
+def _on_policy(config: Any) -> bool:
+    """The one switch on the data path (the algorithm registered for ``config``'s class).
+
+    Raises:
+        TypeError: no registered algorithm takes this config class.
+    """
+    return algorithm_for(config).data_path == "on_policy"
+
+
+def compile_key(config: Any) -> Any:
     """``config`` with the fields that do not change compiled code (the ``run``, ``tianji`` and
     ``layout`` field groups: :func:`~tianji_jax.config_base.not_compiled`) set to their defaults:
-    equal keys share compiled functions. With learner groups or several processes the key is one
-    group's / the global learner's (``total_env_steps`` of its own updates)."""
+    equal keys share compiled functions. Host envs keep ``runtime='async'`` (the only runtime
+    they allow). On-policy runs with learner groups or several processes key on one group's / the
+    global learner's ``total_env_steps`` (their learning-rate annealing); replay actors receive
+    their exploration parameters as arguments, so ``num_actors`` does not enter a key."""
     runtime = "async" if config.env_spec.on_host else "anakin"  # host envs exist only in async
     multi = {}
-    if config.num_processes > 1:  # keep num_updates (learning-rate annealing) of the global batch
-        multi = dict(num_processes=1, process_id=0, coordinator=None, heartbeat_timeout_s=60,
-                     total_env_steps=config.num_updates * config.batch_size,
-                     eval_every_env_steps=config.updates_per_chunk * config.batch_size)
-    if config.num_learner_groups > 1:  # each group anneals its learning rate over its own updates
-        multi = dict(total_env_steps=config.updates_per_group * config.batch_size,
-                     eval_every_env_steps=config.updates_per_chunk * config.batch_size)
+    if _on_policy(config):
+        if config.num_processes > 1:  # keep num_updates (learning-rate annealing) of the global batch
+            multi = dict(num_processes=1, process_id=0, coordinator=None, heartbeat_timeout_s=60,
+                         total_env_steps=config.num_updates * config.batch_size,
+                         eval_every_env_steps=config.updates_per_chunk * config.batch_size)
+        if config.num_learner_groups > 1:  # each group anneals its learning rate over its own updates
+            multi = dict(total_env_steps=config.updates_per_group * config.batch_size,
+                         eval_every_env_steps=config.updates_per_chunk * config.batch_size)
     return config.replace(runtime=runtime, **{**not_compiled(config), **multi})
 
 
-def make_train(config: OnPolicyConfig, updates_per_chunk: int | None = None) -> OnPolicyAnakin:
-    """Build (or fetch from the per-process cache) the compiled Anakin run of an on-policy config
-    (:class:`PPOConfig`, PQN's config, or a registered on-policy algorithm's).
+dqn_compile_key = compile_key  # the name DQN's had
+
+
+def make_train(config: Any, updates_per_chunk: int | None = None) -> OnPolicyAnakin | ReplayAnakin:
+    """Build (or fetch from the per-process cache) the compiled Anakin run of a config of any
+    registered algorithm (:class:`PPOConfig`, :class:`DQNConfig`, ...).
 
     Args:
-        config: a validated on-policy config (gymnax env).
-        updates_per_chunk: updates ``U`` per compiled call; default ``config.updates_per_chunk``.
+        config: a validated config (gymnax env) with ``runtime='anakin'``.
+        updates_per_chunk: updates (on-policy) or iterations (replay) ``U`` per compiled call;
+            default ``config.updates_per_chunk`` / ``config.iterations_per_chunk``.
 
     Returns:
-        An :class:`OnPolicyAnakin` (its ``config`` has ``seed=0``: the seed enters through ``init``'s key);
-        ``trainer.init(key)`` gives the state, ``trainer(state)`` runs ``U``
-        updates. Configs equal up to ``seed`` and ``stop_at_return`` share one
-        object, so a second run in a process (any seed) compiles nothing.
+        An :class:`OnPolicyAnakin` or :class:`ReplayAnakin` (its ``config`` has ``seed=0``: the
+        seed enters through ``init``'s key); ``trainer.init(key)`` gives the state,
+        ``trainer(state)`` runs ``U`` updates. Configs equal up to ``seed`` and ``stop_at_return``
+        share one object, so a second run in a process (any seed) compiles nothing.
 
     Raises:
-        ValueError: ``updates_per_chunk < 1``, or ``config.runtime`` is not ``'anakin'`` (the async
-            runtime's actors and learner run through :func:`tianji_jax.train`).
-        TypeError: ``config`` is not an on-policy config of a registered algorithm.
+        ValueError: ``updates_per_chunk < 1``, or ``config.runtime`` is not ``'anakin'`` (the
+            async runtime's actors and learner run through :func:`tianji_jax.train`).
+        TypeError: ``config`` is not the config of a registered algorithm.
 
     Example::
 
@@ -167,33 +319,43 @@ def make_train(config: OnPolicyConfig, updates_per_chunk: int | None = None) -> 
         states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 4))
         states, metrics = jax.vmap(trainer.chunk)(states)   # metrics: (4, 3) arrays
     """
-    if isinstance(config, OnPolicyConfig) and config.runtime != "anakin":
+    if getattr(config, "runtime", "anakin") != "anakin":
         raise ValueError(f"make_train builds the Anakin runtime only; got runtime={config.runtime!r}. Allowed: "
                          "runtime='anakin', or run the async runtime with tianji_jax.train(config)")
     return shared_train(config, updates_per_chunk)
 
 
-def shared_train(config: OnPolicyConfig, updates_per_chunk: int | None = None) -> OnPolicyAnakin:
+def make_dqn_train(config: Any, iterations_per_chunk: int | None = None) -> ReplayAnakin:
+    """:func:`make_train` under the name (and keyword) DQN's had: ``iterations_per_chunk`` is ``U``.
+
+    Raises:
+        ValueError / TypeError: as :func:`make_train`.
+    """
+    return make_train(config, iterations_per_chunk)
+
+
+def shared_train(config: Any, updates_per_chunk: int | None = None) -> OnPolicyAnakin | ReplayAnakin:
     """:func:`make_train` for a config of any ``runtime``: the async runtime shares the Anakin
-    trainer's network, learner initialisation and evaluator (``tianji_jax.train`` builds them here).
+    trainer's networks, learner initialisation and evaluator (``tianji_jax.train`` builds them here).
 
     Raises:
         ValueError / TypeError: as :func:`make_train`, the runtime aside.
     """
-    if not isinstance(config, OnPolicyConfig):
-        raise TypeError(f"config must be an on-policy config (PPOConfig, PQNConfig, ...), got {type(config).__name__}")
-    u = config.updates_per_chunk if updates_per_chunk is None else updates_per_chunk
+    on_policy = _on_policy(config)
+    u = updates_per_chunk
+    if u is None:
+        u = config.updates_per_chunk if on_policy else config.iterations_per_chunk
     key = (compile_key(config), u)
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = OnPolicyAnakin(make_agent(key[0]), u)
+            _CACHE[key] = (OnPolicyAnakin if on_policy else ReplayAnakin)(make_agent(key[0]), u)
         return _CACHE[key]
 
 
-_AGENTS: dict[OnPolicyConfig, OnPolicyAgent] = register({})
+_AGENTS: dict[Any, OnPolicyAgent | ReplayAgent] = register({})
 
 
-def make_agent(config: OnPolicyConfig) -> OnPolicyAgent:
+def make_agent(config: Any) -> OnPolicyAgent | ReplayAgent:
     """The agent of ``config``'s registered algorithm for its compile key (one per key and
     process, shared by Anakin, the async learner and actors, and evaluation)."""
     key = compile_key(config)

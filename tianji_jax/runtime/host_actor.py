@@ -79,7 +79,7 @@ class HostActor:
         item_steps: env steps per returned trajectory, ``num_envs * num_steps``.
 
     Subclasses change what is acted (:meth:`_act`) and what happens when leftovers are dropped
-    (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.dqn_host.DQNHostActor`) does both.
+    (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.replay_host.ReplayHostActor`) does both.
     """
 
     def __init__(self, config: PPOConfig | DQNConfig, policy: Callable | None, actor_id: int, key: jax.Array,

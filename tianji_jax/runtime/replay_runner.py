@@ -3,7 +3,7 @@
 :class:`~tianji_jax.buffers.ReplayIngress` (lag gate at insert, samples-per-insert rate limiter)
 into learner-owned replay instead of consuming a trajectory queue. No math: the caller's
 ``insert`` and ``learn`` callables own the replay and the update (for DQN,
-:class:`~tianji_jax.runtime.async_dqn.AsyncDQN`).
+:class:`~tianji_jax.runtime.async_replay.AsyncReplay`).
 """
 
 from __future__ import annotations

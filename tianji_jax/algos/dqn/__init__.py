@@ -7,7 +7,7 @@ and its run configuration.
 - :mod:`tianji_jax.algos.dqn.config`: :class:`~tianji_jax.algos.dqn.config.DQNConfig`, also
   importable as :class:`tianji_jax.config.DQNConfig`.
 
-The actor rollout and learner update built on them are in :mod:`tianji_jax.runtime.dqn_parts`.
+The agent built on them (epsilon-greedy acting, the learner block) is :mod:`tianji_jax.algos.dqn.agent`.
 """
 
 from tianji_jax.algos.dqn.math import *  # noqa: F401,F403 - the math, re-exported

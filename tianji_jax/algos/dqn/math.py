@@ -67,8 +67,8 @@ def _check_range(name: str, value: Any, lo: float, hi: float) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
 
 
-def _check_time_major(name: str, x: jax.Array, ref_shape: tuple[int, ...]) -> None:
-    if x.shape != ref_shape:
+def _check_time_major(name: str, x: jax.Array, ref_shape: tuple[int, ...], leading: bool = False) -> None:
+    if (x.shape[:len(ref_shape)] if leading else x.shape) != ref_shape:
         raise ValueError(f"{name} must have shape {ref_shape} (same as rewards, time-major (T, N)), "
                          f"got {x.shape}")
 
@@ -221,7 +221,8 @@ def n_step_transitions(
 
     Args:
         obs: pytree, leaves ``(T, N, ...)``: the observation each step acted on.
-        actions: ``(T, N)`` int actions.
+        actions: ``(T, N)`` int actions (cast to int32), or ``(T, N, A)`` float continuous
+            actions (cast to float32).
         rewards, terminated, truncated: ``(T, N)`` as in :func:`n_step_returns`.
         final_obs: pytree like ``obs``: true successor of each step (``Timestep.final_obs``).
         gamma: discount in [0, 1].
@@ -238,8 +239,9 @@ def n_step_transitions(
     if rewards.ndim != 2:
         raise ValueError(f"rewards must have shape (T, N), got {rewards.shape}")
     ns = n_step_returns(rewards, terminated, truncated, gamma, n)
-    actions = jnp.asarray(actions).astype(jnp.int32)
-    _check_time_major("actions", actions, rewards.shape)
+    actions = jnp.asarray(actions)
+    actions = actions.astype(jnp.float32 if jnp.issubdtype(actions.dtype, jnp.floating) else jnp.int32)
+    _check_time_major("actions", actions, rewards.shape, leading=True)
     return Transition(obs=obs, action=actions, reward=ns.returns, discount=ns.discounts,
                       next_obs=gather_time(final_obs, ns.bootstrap_index))
 

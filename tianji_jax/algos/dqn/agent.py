@@ -1,93 +1,47 @@
-"""The two halves of DQN that every runtime composes: the actor's epsilon-greedy rollout, which
-builds n-step transitions stamped with the acting policy version, and the learner's block of
-``updates_per_step`` gradient updates sampled from replay.
+"""The DQN family's agent (:class:`DQNAgent`): its Q-network, epsilon-greedy acting and the
+learner's block of ``updates_per_step`` gradient updates sampled from replay, on the shared replay
+actor (:class:`~tianji_jax.algos.replay_agent.ReplayAgent`: the n-step rollout, replay plumbing).
 
-Anakin (:mod:`tianji_jax.runtime.dqn_anakin`) fuses them in one compiled loop; the async runtime
-(a later slice of issue 4) will run the same functions on different devices and threads. The
-actor and the learner own separate PRNG streams (``DQNActorState.key``, ``DQNLearnerState.key``).
+Anakin fuses acting and learning in one compiled loop; the async runtime runs the same functions
+on different devices and threads, so the ``sync`` schedule reproduces Anakin bit for bit.
 
 Sources: Mnih et al. 2015 (DQN: replay, target network, epsilon-greedy, Huber error clipping);
 van Hasselt et al. 2016 (Double DQN); Wang et al. 2016 (dueling head, in
 :class:`~tianji_jax.networks.QNetwork`); Schaul et al. 2016 (proportional prioritised replay,
-importance weights with beta annealed to 1); Hessel et al. 2018 (n-step targets in replay).
-
-Episode boundaries (docs/runtime.md, "Episode boundaries"): the env layer's ``Timestep`` keeps ``terminated`` and
-``truncated`` apart and gives the true successor ``final_obs`` of every step, so an n-step
-transition that ends in a truncation bootstraps from the true final observation, one that ends
-in a termination has discount 0 (:func:`tianji_jax.algos.dqn.n_step_transitions`).
-
-n-step windows across iterations: an iteration steps the envs only ``T = num_steps`` times
-(often ``T = 1``), fewer than ``n``. The actor therefore keeps the last ``n - 1`` steps of each env
-(``DQNActorState.history``), prepends them to the new ``T`` steps and inserts the ``T`` transitions
-that start at the oldest ``T`` steps of that window: each of them sees ``n`` future steps (or its
-episode end), so every transition is an exact n-step one, inserted once, ``n - 1`` steps late.
-Window slots not yet filled at the start of the run are masked out of the insert.
+importance weights with beta annealed to 1); Hessel et al. 2018 (n-step targets in replay);
+Bellemare et al. 2017 (C51) and Dabney et al. 2018 (QR-DQN) in
+:mod:`tianji_jax.algos.dqn.distributional`; Horgan et al. 2018 (Ape-X's per-env epsilons).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from flax import struct
 
 from tianji_jax import frame_replay, replay
 from tianji_jax.algos import dqn
+from tianji_jax.algos.dqn.config import DQNConfig
 from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss, expected_q
-from tianji_jax.config import DQNConfig
-from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
-from tianji_jax.runtime.dqn_acting import FRAME_KEYS, HISTORY_KEYS, actor_epsilons, window_transitions
 
-__all__ = ["DQNActorState", "DQNLearnerState", "DQNParts", "HISTORY_KEYS", "FRAME_KEYS", "actor_epsilons", "window_transitions", "make_q_network", "make_dqn_optimizer"]
+__all__ = ["DQNAgent", "DQNActorState", "DQNLearnerState", "FRAME_KEYS", "actor_epsilons", "make_q_network",
+           "make_dqn_optimizer"]
 
 _PER_EPS = 1e-6
 
+DQNActorState = ReplayActorState
+"""A DQN actor's state (the replay actor state; the name kept for the public API)."""
+DQNLearnerState = ReplayLearnerState
+"""The DQN learner's state (the replay learner state; the name kept for the public API)."""
 
-@struct.dataclass
-class DQNActorState:
-    """What a DQN actor owns (``N`` envs, window of ``H = n_step - 1`` past steps).
-
-    Attributes:
-        env_state: :class:`~tianji_jax.envs.gymnax_env.VecEnvState` of its ``N`` envs.
-        obs: ``(N, *obs_shape)`` current observations.
-        key: the actor's PRNG key (epsilon-greedy draws, env steps).
-        history: dict of the last ``H`` steps, leaves ``(H, N, ...)``: ``obs``, ``action`` (int32),
-            ``reward`` (float32), ``terminated`` / ``truncated`` (bool), ``final_obs``,
-            ``policy_version`` (int32, the version that step was acted with) and ``valid`` (bool,
-            False until the slot holds a real step). Empty (``H = 0``) for one-step targets.
-        env_steps: int32 scalar, env steps this actor has taken (drives the epsilon schedule).
-    """
-
-    env_state: VecEnvState
-    obs: jax.Array
-    key: jax.Array
-    history: dict
-    env_steps: jax.Array
-
-
-@struct.dataclass
-class DQNLearnerState:
-    """What the DQN learner owns.
-
-    Attributes:
-        params: online :class:`~tianji_jax.networks.QNetwork` params.
-        target_params: target-network params (Mnih et al. 2015).
-        opt_state: optax state.
-        key: the learner's PRNG key (replay sampling).
-        version: int32 scalar policy version = number of learner blocks run (parameter publications).
-        gradient_steps: int32 scalar, optimizer steps taken (``version * updates_per_step``).
-    """
-
-    params: Any
-    target_params: Any
-    opt_state: Any
-    key: jax.Array
-    version: jax.Array
-    gradient_steps: jax.Array
+FRAME_KEYS = ("obs", "final_frame", "action", "reward", "terminated", "truncated", "policy_version", "start")
+"""Keys of a host actor's frame chunk (:meth:`DQNAgent.insert_frames`)."""
 
 
 def make_q_network(config: DQNConfig) -> QNetwork:
@@ -112,42 +66,36 @@ def make_dqn_optimizer(config: DQNConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate))
 
 
-class DQNParts:
-    """Pure DQN actor and learner functions for one config (not jitted here; callers jit).
+class DQNAgent(ReplayAgent):
+    """Pure DQN-family actor and learner functions for one config (not jitted here; callers jit).
 
     Args:
         config: a validated :class:`~tianji_jax.config.DQNConfig`.
 
     Attributes:
-        config, env (:class:`GymnaxVecEnv` of ``num_envs``; None for a host env, whose actors
-        use only the network and learner halves), network (:class:`QNetwork`), tx
-        (optax), num_actions ``A``, history_len ``H = n_step - 1``, example_item (one replay item:
-        a :class:`~tianji_jax.algos.dqn.Transition` of ``jax.ShapeDtypeStruct``).
+        network (:class:`QNetwork`), tx (optax), num_actions ``A``, frame_replay (envpool Atari:
+        replay stores frames once), support (C51's atoms or None), plus
+        :class:`~tianji_jax.algos.replay_agent.ReplayAgent`'s.
 
     Raises:
         TypeError: ``config`` is not a :class:`~tianji_jax.config.DQNConfig`.
+        ValueError: the network cannot take this env's observations (:func:`make_q_network`).
     """
+
+    ROW_METRICS: ClassVar[tuple[str, ...]] = ("td_loss", "q_mean")
+    NUM_ACT_KEYS: ClassVar[int] = 2
+    EXPLORE_METRIC: ClassVar[str | None] = "epsilon"
 
     def __init__(self, config: DQNConfig):
         if not isinstance(config, DQNConfig):
             raise TypeError(f"config must be a DQNConfig, got {type(config).__name__}")
-        self.config = config
-        spec = config.env_spec
-        # host envs (envpool, gymnasium) are stepped by host actors (runtime/dqn_host.py), not here
-        self.env = None if spec.on_host else GymnaxVecEnv(spec, config.num_envs)
+        super().__init__(config)
         self.network = make_q_network(config)
         self.tx = make_dqn_optimizer(config)
-        self.num_actions = int(spec.action_space.n)
-        self.history_len = config.n_step - 1
-        self.obs_shape = tuple(spec.observation_shape)
-        self.obs_dtype = jax.dtypes.canonicalize_dtype(spec.observation_space.dtype)
-        obs = jax.ShapeDtypeStruct(self.obs_shape, self.obs_dtype)
+        self.num_actions = int(self.spec.action_space.n)
         self.frame_replay = config.frame_replay
         self.support = (c51_support(config.num_atoms, config.v_min, config.v_max)
                         if config.distributional == "c51" else None)
-        self.example_item = dqn.Transition(obs=obs, action=jax.ShapeDtypeStruct((), jnp.int32),
-                                           reward=jax.ShapeDtypeStruct((), jnp.float32),
-                                           discount=jax.ShapeDtypeStruct((), jnp.float32), next_obs=obs)
 
     # ---- network ------------------------------------------------------------------------------
     def apply(self, params: Any, obs: jax.Array) -> jax.Array:
@@ -160,22 +108,16 @@ class DQNParts:
         """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
         return jnp.argmax(self.apply(params, obs), axis=-1).astype(jnp.int32)
 
-    def explore_action(self, params: Any, obs: jax.Array, k_explore: jax.Array, k_random: jax.Array,
-                       epsilons: jax.Array) -> jax.Array:
+    def explore(self, params: Any, obs: jax.Array, keys: tuple[jax.Array, ...], explore: jax.Array) -> jax.Array:
         """Epsilon-greedy actions ``(B,)`` int32: a uniform random action with probability
-        ``epsilons (B,)`` (or a scalar), else :meth:`greedy_action` (Mnih et al. 2015)."""
+        ``explore (B,)`` (the epsilons, or a scalar), else :meth:`greedy_action` (Mnih et al.
+        2015); ``keys = (k_explore, k_random)``."""
+        k_explore, k_random = keys
         b = obs.shape[0]
         greedy = self.greedy_action(params, obs)
         random_action = jax.random.randint(k_random, (b,), 0, self.num_actions, dtype=jnp.int32)
-        explore = jax.random.uniform(k_explore, (b,)) < epsilons
-        return jnp.where(explore, random_action, greedy)
-
-    def host_act(self, params: Any, obs: jax.Array, key: jax.Array, epsilons: jax.Array
-                 ) -> tuple[jax.Array, jax.Array]:
-        """Host actors' policy step: ``(actions (B,) int32, new key)`` for ``obs (B, *obs_shape)``
-        (any dtype; the network casts) with per-row ``epsilons (B,)`` float32."""
-        key, k_explore, k_random = jax.random.split(key, 3)
-        return self.explore_action(params, obs, k_explore, k_random, epsilons), key
+        explore_now = jax.random.uniform(k_explore, (b,)) < explore
+        return jnp.where(explore_now, random_action, greedy)
 
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         """float32 exploration epsilon after ``env_steps`` env steps: linear from ``epsilon_start``
@@ -183,7 +125,7 @@ class DQNParts:
         cfg = self.config
         return dqn.linear_epsilon(env_steps, cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_decay_steps)
 
-    def env_epsilons(self, env_steps: jax.Array) -> jax.Array:
+    def env_explore(self, env_steps: jax.Array) -> jax.Array:
         """``(N,)`` float32 epsilons of one actor's ``N = num_envs`` envs after ``env_steps`` env
         steps: :meth:`epsilon` for every env (``epsilon_schedule='linear'``), or Ape-X's fixed
         ``apex_epsilon^(1 + apex_alpha * i / (N - 1))`` (``'apex'``; Horgan et al. 2018, sec. 4) for
@@ -194,40 +136,19 @@ class DQNParts:
             return dqn.apex_epsilons(cfg.num_envs, cfg.apex_epsilon, cfg.apex_alpha)
         return jnp.full((cfg.num_envs,), self.epsilon(env_steps), jnp.float32)
 
-    def per_beta(self, env_steps: jax.Array) -> jax.Array:
-        """float32 importance-sampling exponent: linear from ``per_beta_start`` to 1 over the run's
-        env steps (Schaul et al. 2016, sec. 3.4)."""
-        cfg = self.config
-        frac = jnp.clip(jnp.asarray(env_steps, jnp.float32) / cfg.env_steps, 0.0, 1.0)
-        return (cfg.per_beta_start + (1.0 - cfg.per_beta_start) * frac).astype(jnp.float32)
+    def actor_explore(self, env_steps: int, actor_id: int, num_actors: int) -> np.ndarray | None:
+        """Async actor ``actor_id``'s epsilons: None for the linear schedule (the rollout follows
+        the run's env steps step by step, as Anakin), Ape-X's fixed slice otherwise
+        (:func:`actor_epsilons`)."""
+        if self.config.epsilon_schedule == "linear":
+            return None
+        return actor_epsilons(self.config, env_steps, actor_id, num_actors)
+
+    def host_explore(self, env_steps: int, actor_id: int, num_actors: int) -> np.ndarray:
+        """Host actors' ``(num_envs,)`` float32 epsilons (:func:`actor_epsilons`)."""
+        return actor_epsilons(self.config, env_steps, actor_id, num_actors)
 
     # ---- init ---------------------------------------------------------------------------------
-    def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(actor_key, learner_key)`` from a run's seed key."""
-        k_actor, k_learner = jax.random.split(key)
-        return k_actor, k_learner
-
-    def init_actor(self, key: jax.Array) -> DQNActorState:
-        """Reset the actor's envs, empty history window; ``key`` becomes its PRNG stream."""
-        key, k_env = jax.random.split(key)
-        env_state, obs = self.env.reset(k_env)
-        return DQNActorState(env_state, obs.astype(self.obs_dtype), key, self.init_history(), jnp.zeros((), jnp.int32))
-
-    def init_history(self) -> dict:
-        """An empty n-step window (:data:`HISTORY_KEYS`, leaves ``(H, N, ...)``, every slot
-        ``valid=False``, ``policy_version=-1``)."""
-        h, n = self.history_len, self.config.num_envs
-        return {
-            "obs": jnp.zeros((h, n, *self.obs_shape), self.obs_dtype),
-            "action": jnp.zeros((h, n), jnp.int32),
-            "reward": jnp.zeros((h, n), jnp.float32),
-            "terminated": jnp.zeros((h, n), bool),
-            "truncated": jnp.zeros((h, n), bool),
-            "final_obs": jnp.zeros((h, n, *self.obs_shape), self.obs_dtype),
-            "policy_version": jnp.full((h, n), -1, jnp.int32),
-            "valid": jnp.zeros((h, n), bool),
-        }
-
     def init_learner(self, key: jax.Array) -> DQNLearnerState:
         """Initialise online params (target = a copy), optimizer; version 0, no gradient steps."""
         key, k_net = jax.random.split(key)
@@ -253,75 +174,11 @@ class DQNParts:
                                      stack=self.obs_shape[0], n_step=cfg.n_step, gamma=cfg.gamma,
                                      prioritised=cfg.prioritized, frame_dtype=self.obs_dtype,
                                      check_memory=check_memory)
-        if check_memory:
-            replay.check_fits(replay.replay_bytes(self.example_item, capacity))
-        return replay.init(self.example_item, capacity, check_memory=False)
+        return super().init_replay(num_actors, check_memory, capacity)
 
     def replay_size(self, replay_state: Any) -> jax.Array:
         """int32 transitions that can be sampled now (``size``; frame replay: ``num_valid``)."""
         return replay_state.num_valid if self.frame_replay else replay_state.size
-
-    # ---- actor --------------------------------------------------------------------------------
-    def rollout(self, params: Any, version: jax.Array, actor: DQNActorState, epsilons: jax.Array | None = None
-                ) -> tuple[DQNActorState, dqn.Transition, jax.Array, jax.Array, dict[str, jax.Array]]:
-        """``T = num_steps`` epsilon-greedy steps of the actor's ``N`` envs with ``params``.
-
-        Args:
-            params: online Q-network params to act with.
-            version: int32 scalar, the version of ``params``; every step is stamped with it.
-            actor: the actor's state.
-            epsilons: ``(N,)`` float32 per-env epsilons held for the whole rollout (async actors
-                pass :func:`actor_epsilons`), or None: :meth:`env_epsilons` at each step's env
-                step count (Anakin).
-
-        Returns:
-            ``(actor, items, item_version, mask, stats)``: ``items`` a
-            :class:`~tianji_jax.algos.dqn.Transition` with leaves ``(T * N, ...)`` (time-major
-            flattening), ``item_version`` ``(T * N,)`` int32 version each transition's first step
-            was acted with, ``mask`` ``(T * N,)`` bool (False for window slots not yet filled), and
-            ``stats``: ``episode_return_sum`` / ``episode_length_sum`` (float32) and
-            ``episode_count`` (int32) of the episodes that ended, ``epsilon`` (float32, mean over
-            the ``N`` envs at the first step).
-        """
-        cfg = self.config
-        n_envs = cfg.num_envs
-
-        def step(carry, _):
-            env_state, obs, key, env_steps = carry
-            key, k_explore, k_random, k_env = jax.random.split(key, 4)
-            eps = self.env_epsilons(env_steps) if epsilons is None else epsilons
-            action = self.explore_action(params, obs, k_explore, k_random, eps)
-            env_state, ts = self.env.step(k_env, env_state, action)
-            out = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
-                   "truncated": ts.truncated, "final_obs": ts.final_obs.astype(self.obs_dtype),
-                   "policy_version": jnp.full((n_envs,), version, jnp.int32), "valid": jnp.ones((n_envs,), bool),
-                   "episode_return": ts.episode_return, "episode_length": ts.episode_length, "done": ts.done,
-                   "epsilon": eps}
-            return (env_state, ts.obs.astype(self.obs_dtype), key, env_steps + n_envs), out
-
-        carry = (actor.env_state, actor.obs, actor.key, actor.env_steps)
-        (env_state, obs, key, env_steps), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
-        items, item_version, mask, history = window_transitions(
-            actor.history, {k: traj[k] for k in actor.history}, cfg.gamma, cfg.n_step)
-        stats = {
-            "episode_return_sum": jnp.sum(traj["episode_return"]),
-            "episode_length_sum": jnp.sum(traj["episode_length"]).astype(jnp.float32),
-            "episode_count": jnp.sum(traj["done"]).astype(jnp.int32),
-            "epsilon": jnp.mean(traj["epsilon"][0]),
-        }
-        new_actor = DQNActorState(env_state, obs, key, history, env_steps)
-        return new_actor, items, item_version, mask, stats
-
-    def insert(self, replay_state: replay.ReplayState, items: dqn.Transition, item_version: jax.Array,
-               mask: jax.Array) -> replay.ReplayState:
-        """Add a rollout's transitions to replay (:func:`tianji_jax.replay.add`), stamped per item.
-
-        ``items`` / ``item_version`` / ``mask`` as :meth:`rollout` returns them: leaves
-        ``(T * N, ...)``, ``(T * N,)`` int32 and ``(T * N,)`` bool (False rows are skipped).
-        Returns the new :class:`~tianji_jax.replay.ReplayState`; raises ValueError as
-        :func:`tianji_jax.replay.add` (shapes or dtype kinds that do not match the buffer).
-        """
-        return replay.add(replay_state, items, item_version, mask)
 
     def insert_frames(self, replay_state: Any, chunk: dict, env_offset: jax.Array, gap: jax.Array) -> Any:
         """Add a host actor's ``(T, N)`` chunk to the frame replay (:mod:`tianji_jax.frame_replay`),
@@ -484,3 +341,28 @@ class DQNParts:
         metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == SKIP_METRIC else jnp.mean(v))
                    for k, v in m.items()}
         return learner.replace(version=learner.version + 1), replay_state, metrics
+
+
+def actor_epsilons(config: DQNConfig, env_steps: int, actor_id: int, num_actors: int | None = None) -> np.ndarray:
+    """``(num_envs,)`` float32 exploration epsilons of actor ``actor_id``'s envs (async runtime).
+
+    ``epsilon_schedule='linear'``: every env gets ``epsilon_start + (epsilon_end - epsilon_start) *
+    min(1, env_steps / epsilon_decay_steps)`` (Mnih et al. 2015), ``env_steps`` counting the env
+    steps of all actors together. ``'apex'``: fixed Ape-X epsilons (Horgan et al. 2018, sec. 4)
+    ``eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1))`` with ``i = actor_id * num_envs + e``
+    over ``N = num_actors * num_envs`` envs (``N = 1``: ``apex_epsilon``); ``env_steps`` is unused.
+    ``num_actors`` defaults to ``config.num_actors`` (pass the run's when ``config`` is a compile key).
+
+    Raises:
+        ValueError: ``actor_id`` outside ``[0, num_actors)``.
+    """
+    num_actors = config.num_actors if num_actors is None else num_actors
+    if not 0 <= actor_id < num_actors:
+        raise ValueError(f"actor_id={actor_id} must be in [0, num_actors={num_actors})")
+    n = config.num_envs
+    if config.epsilon_schedule == "apex":
+        eps = dqn.apex_epsilons(num_actors * n, config.apex_epsilon, config.apex_alpha)
+        return np.asarray(eps, np.float32)[actor_id * n:(actor_id + 1) * n]
+    frac = min(1.0, max(0.0, env_steps / config.epsilon_decay_steps))
+    eps = config.epsilon_start + (config.epsilon_end - config.epsilon_start) * frac
+    return np.full((n,), eps, np.float32)

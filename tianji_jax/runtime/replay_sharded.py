@@ -12,7 +12,7 @@ Layout (``num_learner_devices = L > 1``, mesh axis ``"data"``):
 * **learner**: params, target params and optimizer state replicated (``P()``). Every gradient
   update, each replica samples ``batch_size / L`` items from its own shard, and the loss and
   gradients are averaged over the devices before one identical step
-  (:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.learn` with ``axis_name``): the replay ratio
+  (:meth:`~tianji_jax.algos.dqn.agent.DQNAgent.learn` with ``axis_name``): the replay ratio
   and the batch are the single-device ones, spread over ``L`` devices.
 
 Why by env: every n-step window lives in one env's stream, so splitting by env never cuts a

@@ -1,5 +1,6 @@
-"""DQN actors on host envs (envpool, gymnasium): the Sebulba host actor acting epsilon-greedy with
-the Q-network, turning its ``(T, N)`` chunks into exact n-step replay transitions.
+"""Replay-algorithm actors on host envs (envpool, gymnasium): the Sebulba host actor acting with
+the agent's behaviour policy (DQN: epsilon-greedy; SAC: its squashed Gaussian), turning its
+``(T, N)`` chunks into exact n-step replay transitions.
 
 The env loop, reset-step handling and per-env chunk assembly are
 :class:`~tianji_jax.runtime.host_actor.HostActor`'s and
@@ -7,13 +8,14 @@ The env loop, reset-step handling and per-env chunk assembly are
 (the step after an episode ends, whose action the env ignores) never become transitions, and every
 column of a chunk holds ``T`` consecutive transitions of one env with ``final_obs[t]`` the true
 successor of step ``t`` (the final observation on a terminated or truncated step). This module
-adds what DQN needs on top (Mnih et al. 2015; n-step targets as in Hessel et al. 2018):
+adds what the replay data path needs on top (n-step targets as in Hessel et al. 2018):
 
-* **actions**: :meth:`~tianji_jax.runtime.dqn_parts.DQNParts.host_act` on the actor device, with
-  per-env epsilons from :func:`~tianji_jax.runtime.dqn_parts.actor_epsilons` (the linear schedule
-  on the run's env steps, or Ape-X's fixed per-env epsilons);
+* **actions**: the agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act` on the
+  actor device, with per-env exploration parameters from its
+  :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_explore` (DQN: the linear epsilon
+  schedule on the run's env steps, or Ape-X's fixed per-env epsilons);
 * **n-step windows across chunks**: :class:`HostNStep` keeps the last ``n - 1`` steps of every env
-  on the actor device and runs :func:`~tianji_jax.runtime.dqn_parts.window_transitions`, the same
+  on the actor device and runs :func:`~tianji_jax.algos.replay_agent.window_transitions`, the same
   builder gymnax actors use, so no transition is lost or duplicated at a chunk boundary. A
   termination ends the n-step sum with discount 0; a truncation ends it and bootstraps from the
   true final observation;
@@ -29,10 +31,10 @@ Q-network casts on device).
 
 **Frame chunks** (``config.frame_replay``: envpool Atari, stacks of uint8 frames): instead of
 n-step transitions with whole ``obs`` / ``next_obs`` stacks, the actor hands the learner the
-chunk's frames (:data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS`: the stacks acted on, each
+chunk's frames (:data:`~tianji_jax.algos.dqn.agent.FRAME_KEYS`: the stacks acted on, each
 step's newest successor frame, actions, rewards, flags, versions and ``start``, where a stack
 begins a stretch of the env's stream) and the learner's
-:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.insert_frames` stores every frame once in
+:meth:`~tianji_jax.algos.dqn.agent.DQNAgent.insert_frames` stores every frame once in
 :mod:`tianji_jax.frame_replay`, which forms n-step targets when sampling. ``start`` is set after
 every ``terminated`` / ``truncated`` step (a game over or, with ``episodic_life``, a lost life),
 for every env at the actor's first chunk, and for the envs whose leftovers were dropped (a gap).
@@ -48,12 +50,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax.config import DQNConfig
 from tianji_jax.envs.host import HostStep
-from tianji_jax.runtime.dqn_parts import HISTORY_KEYS, DQNParts, actor_epsilons, window_transitions
+from tianji_jax.algos.replay_agent import HISTORY_KEYS, ReplayAgent, window_transitions
 from tianji_jax.runtime.host_actor import HostActor, fold_key
 
-__all__ = ["HostNStep", "DQNHostActor", "chunk_episode_stats", "dqn_host_actor"]
+__all__ = ["HostNStep", "ReplayHostActor", "chunk_episode_stats", "replay_host_actor"]
 
 
 def chunk_episode_stats(chunk: dict[str, np.ndarray]) -> dict[str, float]:
@@ -71,18 +72,18 @@ class HostNStep:
 
     Holds the last ``H = n_step - 1`` steps of each env (on ``device``) between chunks and builds
     the ``T * N`` transitions that start at the oldest ``T`` steps of ``history + chunk``
-    (:func:`~tianji_jax.runtime.dqn_parts.window_transitions`): every transition is exact
+    (:func:`~tianji_jax.algos.replay_agent.window_transitions`): every transition is exact
     (``n`` steps, or fewer when its episode ends, or before a :meth:`cut`), inserted once, ``H``
     chunks-steps late. Slots not filled yet at the start come back with ``mask=False``.
 
     Args:
-        parts: the run's :class:`~tianji_jax.runtime.dqn_parts.DQNParts` (window shape, ``gamma``,
+        parts: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (window shape, ``gamma``,
             ``n_step``).
         device: where the window lives and the builder runs (the actor device).
         build: optional jitted ``window_transitions`` (shared between actors); built if None.
     """
 
-    def __init__(self, parts: DQNParts, device: Any = None, build: Callable | None = None):
+    def __init__(self, parts: ReplayAgent, device: Any = None, build: Callable | None = None):
         cfg = parts.config
         self.num_envs, self.history_len = cfg.num_envs, parts.history_len
         self.device = device
@@ -90,6 +91,7 @@ class HostNStep:
         self._build = build if build is not None else jax.jit(partial(window_transitions, gamma=cfg.gamma,
                                                                        n=cfg.n_step))
         self._gap = np.zeros((cfg.num_envs,), bool)
+        self.continuous = parts.continuous
 
     def cut(self, envs: np.ndarray) -> None:
         """Mark a gap in the streams of ``envs`` (``(N,)`` bool): steps between the last chunk and
@@ -112,24 +114,25 @@ class HostNStep:
         """
         steps = {k: chunk[k] for k in HISTORY_KEYS if k != "valid"}
         steps["valid"] = np.ones(np.shape(chunk["reward"]), bool)
-        steps["action"] = np.asarray(steps["action"], np.int32)
+        steps["action"] = np.asarray(steps["action"], np.float32 if self.continuous else np.int32)
         steps, gap = jax.device_put((steps, self._gap.copy()), self.device)
         items, item_version, mask, self.history = self._build(self.history, steps, gap=gap)
         self._gap[:] = False
         return items, item_version, mask
 
 
-class DQNHostActor(HostActor):
-    """One DQN actor thread on a host env; call it as the runtime's ``act(params, version)``.
+class ReplayHostActor(HostActor):
+    """One replay actor thread on a host env; call it as the runtime's ``act(params, version)``.
 
     Steps the env until every env has ``T = num_steps`` transitions acted with ``params``, acting
     epsilon-greedy on the actor device, then returns the chunk's n-step transitions (see the
     module docstring) on the learner device.
 
     Args:
-        config: the run's :class:`DQNConfig` (host ``env``, ``runtime='async'``).
-        parts: :class:`DQNParts` of the run (may be a cached one built from the compile key).
-        host_act: jitted :meth:`DQNParts.host_act`.
+        config: the run's replay config (host ``env``, ``runtime='async'``).
+        parts: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (may be a cached one
+            built from the compile key).
+        host_act: jitted :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act`.
         build: jitted :func:`window_transitions` for ``config`` (``gamma``, ``n_step`` bound).
         actor_id: index of this actor (its envs' seeds and Ape-X epsilons).
         key: the actor's PRNG key.
@@ -144,19 +147,21 @@ class DQNHostActor(HostActor):
 
     Returns (per call):
         ``(((items, item_version, mask, stats), None), T * N)``: the first three placed by ``to_learner``
-        (as :meth:`DQNParts.rollout` returns them; with ``config.frame_replay``: ``(frames, seq,
-        None, stats)``, ``frames`` the :data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS` dict on
+        (as :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.rollout` returns them; with ``config.frame_replay``: ``(frames, seq,
+        None, stats)``, ``frames`` the :data:`~tianji_jax.algos.dqn.agent.FRAME_KEYS` dict on
         the learner and ``seq`` this actor's chunk number), ``stats`` host numbers ``episode_return_sum``,
         ``episode_length_sum``, ``episode_count`` and ``epsilon`` (mean over the actor's envs of
         their epsilons when the chunk is complete).
     """
 
-    def __init__(self, config: DQNConfig, parts: DQNParts, host_act: Callable, build: Callable, actor_id: int,
+    def __init__(self, config: Any, parts: ReplayAgent, host_act: Callable, build: Callable, actor_id: int,
                  key: jax.Array, actor_device: Any, to_learner: Callable | None, run_env_steps: Callable[[], int],
                  timer: Callable[[str, float], None], seed: int | None = None):
-        self.dqn_config, self.run_env_steps = config, run_env_steps
+        self.run_env_steps = run_env_steps
         self.to_learner_tree = to_learner or (lambda tree: tree)
         self._host_act = host_act
+        self.parts = parts
+        self.num_actors = config.num_actors
         self.frames = parts.frame_replay
         self.n_step = None if self.frames else HostNStep(parts, actor_device, build)
         self._start = np.ones((config.num_envs,), bool)  # frames: the next step of each env starts a stretch
@@ -164,12 +169,19 @@ class DQNHostActor(HostActor):
         super().__init__(config, None, actor_id, key, actor_device, self._finish, timer, seed=seed)
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)[step.env_id]
+        eps = self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors)[step.env_id]
         action, self.key = self._host_act(params, jax.device_put(step.obs, self.actor_device), self.key,
                                           jax.device_put(eps, self.actor_device))
         action = np.asarray(jax.device_get(action))
-        zeros = np.zeros(action.shape, np.float32)  # no log-prob / value for DQN
+        zeros = np.zeros(action.shape[:1], np.float32)  # no log-prob / value on the replay path
         return action, action, zeros, zeros
+
+    def _explore_stat(self) -> dict[str, float]:
+        """The agent's exploration metric over this actor's envs now (DQN: mean epsilon), or none."""
+        name = self.parts.EXPLORE_METRIC
+        if name is None:
+            return {}
+        return {name: float(self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors).mean())}
 
     def _discard(self) -> None:
         # envs with leftovers or actions in flight lose steps: their windows end before the gap
@@ -181,7 +193,7 @@ class DQNHostActor(HostActor):
         super()._discard()
 
     def _frame_chunk(self, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The chunk as :data:`~tianji_jax.runtime.dqn_parts.FRAME_KEYS` (see the module docstring)."""
+        """The chunk as :data:`~tianji_jax.algos.dqn.agent.FRAME_KEYS` (see the module docstring)."""
         done = np.asarray(chunk["terminated"], bool) | np.asarray(chunk["truncated"], bool)
         start = np.concatenate([self._start[None], done[:-1]], 0)
         self._start = done[-1].copy()
@@ -192,28 +204,29 @@ class DQNHostActor(HostActor):
 
     def _finish(self, chunk: dict[str, np.ndarray]) -> tuple:
         if self.frames:
-            eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
-            stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
+            stats = {**chunk_episode_stats(chunk), **self._explore_stat()}
             seq, self.chunks_sent = self.chunks_sent, self.chunks_sent + 1
             return (self.to_learner_tree(self._frame_chunk(chunk)), seq, None, stats), None
         items, item_version, mask = self.n_step(chunk)
-        eps = actor_epsilons(self.dqn_config, self.run_env_steps(), self.actor_id)
-        stats = {**chunk_episode_stats(chunk), "epsilon": float(eps.mean())}
+        stats = {**chunk_episode_stats(chunk), **self._explore_stat()}
         # no actor state for a checkpoint cut: host env state cannot be saved (a resume re-seeds)
         return (*self.to_learner_tree((items, item_version, mask)), stats), None
 
 
-def dqn_host_actor(config: DQNConfig, actor_id: int, device: Any, *, seed: int,
-                   timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
-                   run_env_steps: Callable[[], int] | None = None) -> DQNHostActor:
-    """DQN's host actor factory (``Algorithm.host_actor``, used by the remote Ray worker): a
-    :class:`DQNHostActor` acting and building its n-step transitions (or frame chunks) on
-    ``device``, whose chunks the learner places on its device after ``jax.device_get``. Key: DQN's
-    actor key of ``config.seed`` folded with ``key_folds``; envs seeded from ``seed``;
-    ``run_env_steps()`` (the run's env steps, for the linear epsilon schedule) is read at every
-    env step (a remote actor sees the value sent with its newest rollout request)."""
-    parts = DQNParts(config)  # not the compile key: re-validating would check replay memory on this node
+def replay_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
+                      timer: Callable[[str, float], None], key_folds: tuple[int, ...] = (),
+                      run_env_steps: Callable[[], int] | None = None) -> ReplayHostActor:
+    """Every replay algorithm's host actor factory (``Algorithm.host_actor``, used by the remote
+    Ray worker): a :class:`ReplayHostActor` of the config's agent acting and building its n-step
+    transitions (or DQN's frame chunks) on ``device``, whose chunks the learner places on its
+    device after ``jax.device_get``. Key: the agent's actor key of ``config.seed`` folded with
+    ``key_folds``; envs seeded from ``seed``; ``run_env_steps()`` (the run's env steps, for
+    schedules such as DQN's linear epsilon) is read at every env step (a remote actor sees the
+    value sent with its newest rollout request)."""
+    from tianji_jax.algos.registry import agent_class_for
+
+    parts = agent_class_for(config)(config)  # not the compile key: re-validating would check replay memory here
     build = jax.jit(partial(window_transitions, gamma=parts.config.gamma, n=parts.config.n_step))
     key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
-    return DQNHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, None,
-                        run_env_steps or (lambda: 0), timer, seed=seed)
+    return ReplayHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, None,
+                           run_env_steps or (lambda: 0), timer, seed=seed)

@@ -1,8 +1,9 @@
-"""DQN on the async TianJi runtime: gymnax actors on one device feed a replay buffer the learner
-owns on another, balanced by a samples-per-insert rate limiter.
+"""Every replay algorithm (the DQN family, SAC, ...) on the async TianJi runtime: actors on one
+device feed a replay buffer the learner owns on another, balanced by a samples-per-insert rate
+limiter.
 
-Actors run the same epsilon-greedy rollout Anakin fuses (:class:`~tianji_jax.runtime.dqn_parts.DQNParts`)
-and hand n-step transitions, stamped with the version they acted with, to a
+Actors run the same rollout Anakin fuses (the agent's
+:meth:`~tianji_jax.algos.replay_agent.ReplayAgent.rollout`) and hand n-step transitions, stamped with the version they acted with, to a
 :class:`~tianji_jax.buffers.ReplayIngress`. The learner thread drains it (lag gate at insert),
 inserts into its device replay state (donated, so XLA updates it in place) and runs learner
 blocks of ``updates_per_step`` gradient updates whenever the limiter allows: ``spi =
@@ -24,40 +25,41 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tianji_jax.caches import register
 from tianji_jax.buffers import TrajectoryItem
-from tianji_jax.config import DQNConfig
+from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import placement, resume_seed
-from tianji_jax.runtime import dqn_sharded
+from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
-from tianji_jax.runtime.dqn_host import DQNHostActor
+from tianji_jax.runtime.replay_host import ReplayHostActor
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
-from tianji_jax.runtime.dqn_parts import DQNLearnerState, DQNParts, actor_epsilons, window_transitions
 
-__all__ = ["AsyncDQN", "ReplayRunner"]
+__all__ = ["AsyncReplay", "ReplayRunner"]
 
 _JIT_CACHE: dict[Any, tuple] = register({})
 _LOCK = threading.Lock()
 
 
-class AsyncDQN:
-    """Wires DQN actors, the replay ingress and the learner for one run.
+class AsyncReplay:
+    """Wires a replay agent's actors, the replay ingress and the learner for one run.
 
-    gymnax actors run :meth:`DQNParts.rollout` on the actor device; envpool/gymnasium actors are
-    :class:`~tianji_jax.runtime.dqn_host.DQNHostActor` s (host env, Q-network on the actor
-    device, the same n-step window builder). Both hand ``(items, item_version, mask, stats)``
+    gymnax actors run the agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.rollout` on
+    the actor device; envpool/gymnasium actors are
+    :class:`~tianji_jax.runtime.replay_host.ReplayHostActor` s (host env, the agent's acting step
+    on the actor device, the same n-step window builder). Both hand ``(items, item_version, mask, stats)``
     chunks of ``num_envs * num_steps`` transitions to the replay ingress; on envpool Atari
     (``config.frame_replay``) host actors hand frame chunks instead, which the learner stores
-    frame by frame (:meth:`~tianji_jax.runtime.dqn_parts.DQNParts.insert_frames`; a gap in an
+    frame by frame (:meth:`~tianji_jax.algos.dqn.agent.DQNAgent.insert_frames`; a gap in an
     actor's chunk numbers, a chunk the gate dropped, restarts its envs' stacks). The replay's
-    size is checked against free memory before it is allocated (``MemoryError`` with the numbers). Exploration epsilons per
-    env come from :func:`~tianji_jax.runtime.dqn_parts.actor_epsilons` (linear schedule on the
-    run's inserted-or-waiting env steps, or Ape-X's fixed per-env epsilons).
+    size is checked against free memory before it is allocated (``MemoryError`` with the numbers). Exploration parameters per
+    env come from the agent (:meth:`~tianji_jax.algos.replay_agent.ReplayAgent.actor_explore`;
+    DQN: the linear epsilon schedule on the run's inserted-or-waiting env steps, or Ape-X's fixed
+    per-env epsilons).
 
     Args:
-        config: a :class:`DQNConfig` with ``runtime='async'``.
+        config: a replay algorithm's config with ``runtime='async'``.
         restore: continue a run from a checkpoint cut: a dict with ``"learner"``
-            (:class:`~tianji_jax.runtime.dqn_parts.DQNLearnerState`), ``"replay"`` (the replay
+            (:class:`~tianji_jax.algos.replay_agent.ReplayLearnerState`), ``"replay"`` (the replay
             state, contents and priorities), ``"actors"`` (one
-            :class:`~tianji_jax.runtime.dqn_parts.DQNActorState` per actor) and ``"counters"``
+            :class:`~tianji_jax.algos.replay_agent.ReplayActorState` per actor) and ``"counters"``
             (:meth:`cut`'s); the rate limiter continues from the cut's inserts and samples, and
             epsilon from the env steps produced (``taken + dropped_stale``).
 
@@ -80,13 +82,14 @@ class AsyncDQN:
         episode_stats: per group, ``{"episode_return_sum", "episode_length_sum",
             "episode_count"}`` summed over the chunks inserted since its last block (folded into
             that block's metrics).
-        epsilon: mean exploration epsilon over all envs of all actors (each actor's latest inserted chunk).
-        host_actors: the :class:`DQNHostActor` s (empty for gymnax); call :meth:`close` after the run.
+        epsilon: mean exploration parameter (DQN: epsilon) over all envs of all actors (each
+            actor's latest inserted chunk); reported under the agent's ``EXPLORE_METRIC``.
+        host_actors: the :class:`ReplayHostActor` s (empty for gymnax); call :meth:`close` after the run.
         timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
     """
 
-    def __init__(self, config: DQNConfig, restore: dict | None = None):
-        from tianji_jax.runtime.dqn_anakin import dqn_compile_key
+    def __init__(self, config: Any, restore: dict | None = None):
+        from tianji_jax.runtime.anakin import compile_key, make_agent
 
         self.config = config
         num_learners, groups = config.num_learner_devices, config.num_learner_groups
@@ -97,20 +100,20 @@ class AsyncDQN:
         self.learner_devices = devs[:num_learners]
         self.group_devices = devs[::num_learners]  # one device per learner group (the first with one group)
         self.learner_device = self.learner_devices[0]
-        key = dqn_compile_key(config)
+        key = compile_key(config)
         with _LOCK:
             if key not in _JIT_CACHE:
-                parts = DQNParts(key)
+                parts = make_agent(key)
                 _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
                                    jax.jit(parts.learn, donate_argnums=1), jax.jit(parts.host_act),
                                    jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)),
-                                   jax.jit(parts.insert_frames, donate_argnums=0))
+                                   jax.jit(parts.insert_frames, donate_argnums=0) if parts.frame_replay else None)
             (self.parts, self._rollout, self._insert, self._learn, host_act, build,
              self._insert_frames) = _JIT_CACHE[key]
-            if num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/dqn_sharded.py)
+            if num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/replay_sharded.py)
                 skey = (key, tuple(d.id for d in self.learner_devices))
                 if skey not in _JIT_CACHE:
-                    _JIT_CACHE[skey] = dqn_sharded.make_sharded_fns(self.parts, self.learner_devices)
+                    _JIT_CACHE[skey] = replay_sharded.make_sharded_fns(self.parts, self.learner_devices)
                 mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
         if num_learners > 1:
             replicated, replay_at = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
@@ -126,7 +129,7 @@ class AsyncDQN:
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = self.parts.init_learner(k_learner), None
-            replay = (dqn_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True) if num_learners > 1
+            replay = (replay_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True) if num_learners > 1
                       else self.parts.init_replay(config.num_actors, check_memory=True,
                                                   capacity=config.buffer_capacity // groups))
         else:
@@ -142,11 +145,12 @@ class AsyncDQN:
             self.parts.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
             for _ in range(1, groups)]
         self.replay_states[1:] = [jax.device_put(r, d) for r, d in zip(self.replay_states[1:], self.group_devices[1:])]
-        self._actor_epsilon = [float(np.mean(actor_epsilons(config, 0, i))) for i in range(config.num_actors)]
+        self.explore_metric = self.parts.EXPLORE_METRIC
+        self._actor_epsilon = [float(np.mean(self.parts.host_explore(0, i, config.num_actors))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
         self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
-        self.host_actors: list[DQNHostActor] = []
+        self.host_actors: list[ReplayHostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
         if config.env_spec.on_host:
             self.timers.update(inference_s=0.0, env_step_s=0.0)
@@ -163,7 +167,7 @@ class AsyncDQN:
                                                seed=config.seed if env_seed is None else env_seed)
                 else:
                     for i, k in enumerate(keys):
-                        self.host_actors.append(DQNHostActor(
+                        self.host_actors.append(ReplayHostActor(
                             config, self.parts, host_act, build, i, k, self.actor_device,
                             partial(self._place_tree, group=i % groups), self._run_env_steps, self._time,
                             seed=env_seed))
@@ -215,12 +219,12 @@ class AsyncDQN:
                 "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
 
     @property
-    def learner_state(self) -> DQNLearnerState:
+    def learner_state(self) -> ReplayLearnerState:
         """Learner group 0's newest state (the only one without groups; read it after the run)."""
         return self.learner_states[0]
 
     @learner_state.setter
-    def learner_state(self, state: DQNLearnerState) -> None:
+    def learner_state(self, state: ReplayLearnerState) -> None:
         self.learner_states[0] = state
 
     @property
@@ -257,7 +261,7 @@ class AsyncDQN:
         return 0 if self.remote is None else self.remote.lost_chunks
 
     def _remote_to_learner(self, data: tuple, actor_id: int = 0) -> tuple:
-        """A remote actor's chunk (host arrays, as :class:`DQNHostActor` returns it) on its learner
+        """A remote actor's chunk (host arrays, as :class:`ReplayHostActor` returns it) on its learner
         group's device(s); a frame chunk's sequence number stays a Python int."""
         (items, item_version, mask, stats), _ = data
         if self.parts.frame_replay:
@@ -312,8 +316,8 @@ class AsyncDQN:
             # Ape-X's fixed per-env epsilons of this actor's slice
             produced = self._run_env_steps()
             state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
-            eps = (None if self.config.epsilon_schedule == "linear"
-                   else jax.device_put(actor_epsilons(self.config, produced, i), self.actor_device))
+            eps = self.parts.actor_explore(produced, i, self.config.num_actors)
+            eps = None if eps is None else jax.device_put(eps, self.actor_device)
             t0 = time.perf_counter()
             state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state,
                                                                     eps)
@@ -345,7 +349,8 @@ class AsyncDQN:
             stats_g["episode_return_sum"] += float(host["episode_return_sum"])
             stats_g["episode_length_sum"] += float(host["episode_length_sum"])
             stats_g["episode_count"] += int(host["episode_count"])
-            self._actor_epsilon[chunk.actor_id] = float(host["epsilon"])
+            if self.explore_metric is not None:
+                self._actor_epsilon[chunk.actor_id] = float(host[self.explore_metric])
         self.epsilon = float(np.mean(self._actor_epsilon))
         jax.block_until_ready(self.replay_states[group])
         self._time("update_s", t0)
@@ -364,7 +369,8 @@ class AsyncDQN:
         jax.block_until_ready(learner.params)
         self._time("update_s", t0)
         self.learner_states[group] = learner
-        metrics = {**jax.device_get(metrics), **self.episode_stats[group], "epsilon": self.epsilon,
+        explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
+        metrics = {**jax.device_get(metrics), **self.episode_stats[group], **explore,
                    "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_states[group])))}
         self._zero_stats(group)
         return learner.params, metrics

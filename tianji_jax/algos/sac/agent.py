@@ -1,0 +1,213 @@
+"""SAC's agent (:class:`SACAgent`): its actor and twin critics, squashed-Gaussian acting and the
+learner's block of ``updates_per_step`` soft actor-critic updates sampled from replay, on the
+shared replay actor (:class:`~tianji_jax.algos.replay_agent.ReplayAgent`: the n-step rollout,
+replay plumbing).
+
+One gradient update (Haarnoja et al. 2018, "Soft Actor-Critic", Algorithm 1; the temperature of
+"Soft Actor-Critic Algorithms and Applications", 2018, sec. 5), on a uniformly sampled batch:
+
+1. **critics**: the soft target ``r + discount * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s'))``
+   with ``a' ~ pi(.|s')`` and the target critics, the sum of both critics' squared errors, one
+   Adam step;
+2. **actor**: ``alpha * log pi(a|s) - min(Q1, Q2)(s, a)`` with ``a ~ pi(.|s)`` reparameterised,
+   against the critics just updated, one Adam step;
+3. **temperature** (``autotune``): ``-log_alpha * (log pi(a|s) + target_entropy)``, one Adam step;
+4. **targets**: Polyak ``tau`` towards the updated critics.
+
+A non-finite loss or gradient in any of the three skips the whole update (nothing changes), as for
+every algorithm (:mod:`tianji_jax.algos.guard`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tianji_jax.algos import dqn
+from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.algos.replay_agent import ReplayAgent, ReplayLearnerState
+from tianji_jax.algos.sac.config import SACConfig
+from tianji_jax.algos.sac.math import (actor_loss, critic_loss, soft_q_target, squashed_gaussian_mode,
+                                       squashed_gaussian_sample, temperature_loss)
+from tianji_jax.algos.sac.networks import make_sac_networks
+from tianji_jax.networks import check_network
+
+__all__ = ["SACAgent"]
+
+
+class SACAgent(ReplayAgent):
+    """Pure SAC actor and learner functions for one config (not jitted here; callers jit).
+
+    Params (:attr:`ReplayLearnerState.params`) are a dict ``{"actor", "critic", "log_alpha"}``
+    (``log_alpha`` a float32 scalar); ``target_params`` are the target critics; ``opt_state`` a
+    dict of the three Adam states (each after global-norm clipping at ``max_grad_norm``).
+
+    Exploration: the rollout's per-env exploration parameter is the probability of a uniform
+    random action in the Box: 1 until ``learning_starts`` env steps were taken, then 0 (samples of
+    the policy).
+
+    Args:
+        config: a validated :class:`~tianji_jax.algos.sac.config.SACConfig`.
+
+    Raises:
+        TypeError: ``config`` is not a :class:`SACConfig`.
+        ValueError: the networks cannot take this env's observations (a zero-size parameter).
+    """
+
+    ROW_METRICS: ClassVar[tuple[str, ...]] = ("td_loss", "q_mean", "policy_loss", "entropy", "alpha")
+    NUM_ACT_KEYS: ClassVar[int] = 2
+
+    def __init__(self, config: SACConfig):
+        if not isinstance(config, SACConfig):
+            raise TypeError(f"config must be a SACConfig, got {type(config).__name__}")
+        super().__init__(config)
+        space = self.spec.action_space
+        self.action_dim = int(space.shape[0])
+        self.low = jnp.asarray(space.low, jnp.float32).reshape(self.action_dim)
+        self.high = jnp.asarray(space.high, jnp.float32).reshape(self.action_dim)
+        self.actor, self.critic = make_sac_networks(self.action_dim, tuple(config.hidden_sizes), config.activation,
+                                                    config.torso, self.obs_shape)
+        check_network(self.actor, self.obs_shape, self.spec.observation_space.dtype)
+        self.target_entropy = config.target_entropy_value
+
+        def adam() -> optax.GradientTransformation:
+            return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate))
+
+        self.tx = {"actor": adam(), "critic": adam(), "log_alpha": optax.adam(config.learning_rate)}
+
+    # ---- acting -------------------------------------------------------------------------------
+    def _policy(self, actor_params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mean, log_std = self.actor.apply(actor_params, obs)
+        return squashed_gaussian_sample(key, mean, log_std, self.low, self.high)
+
+    def explore(self, params: Any, obs: jax.Array, keys: tuple[jax.Array, ...], explore: jax.Array) -> jax.Array:
+        """Behaviour actions ``(B, A)`` float32 in the Box: with probability ``explore (B,)`` a
+        uniform random action, else a sample of the squashed Gaussian; ``keys = (k_policy, k_random)``."""
+        k_policy, k_random = keys
+        action, _ = self._policy(params["actor"], obs, k_policy)
+        u = jax.random.uniform(k_random, (obs.shape[0], self.action_dim + 1))
+        uniform = self.low + u[:, :-1] * (self.high - self.low)
+        return jnp.where((u[:, -1] < explore)[:, None], uniform, action)
+
+    def env_explore(self, env_steps: jax.Array) -> jax.Array:
+        """``(N,)`` float32: 1 (uniform random actions) until ``learning_starts`` env steps, then 0."""
+        random = (jnp.asarray(env_steps) < self.config.learning_starts).astype(jnp.float32)
+        return jnp.full((self.config.num_envs,), random, jnp.float32)
+
+    def host_explore(self, env_steps: int, actor_id: int, num_actors: int) -> Any:
+        """Host actors: :meth:`env_explore` at the run's ``env_steps`` (all actors together)."""
+        import numpy as np  # noqa: PLC0415
+
+        return np.full((self.config.num_envs,), float(env_steps < self.config.learning_starts), np.float32)
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The deterministic evaluation action ``(B, A)``: the squashed mean of the policy."""
+        mean, _ = self.actor.apply(params["actor"], obs)
+        return squashed_gaussian_mode(mean, self.low, self.high)
+
+    # ---- learner ------------------------------------------------------------------------------
+    def init_learner(self, key: jax.Array) -> ReplayLearnerState:
+        """Actor and twin-critic params (targets = a copy of the critics), ``log_alpha =
+        log(init_alpha)``, the three optimizer states; version 0, no gradient steps."""
+        key, k_actor, k_critic = jax.random.split(key, 3)
+        obs = jnp.zeros((1, *self.obs_shape), jnp.float32)
+        params = {"actor": self.actor.init(k_actor, obs),
+                  "critic": self.critic.init(k_critic, obs, jnp.zeros((1, self.action_dim), jnp.float32)),
+                  "log_alpha": jnp.asarray(jnp.log(self.config.init_alpha), jnp.float32)}
+        opt_state = {k: tx.init(params[k]) for k, tx in self.tx.items()}
+        zero = jnp.zeros((), jnp.int32)
+        return ReplayLearnerState(params, jax.tree.map(jnp.copy, params["critic"]), opt_state, key, zero, zero)
+
+    def _update(self, lrn: ReplayLearnerState, batch: dqn.Transition, keys: tuple[jax.Array, jax.Array],
+                mean: Any) -> tuple[dict, Any, dict, jax.Array, dict]:
+        """One soft actor-critic update on ``batch`` (module docstring); gradients pass through
+        ``mean`` (the data-parallel average). Returns ``(params, target, opt_state, finite, metrics)``."""
+        cfg, p = self.config, lrn.params
+        k_next, k_pi = keys
+        alpha = jnp.exp(p["log_alpha"])
+        next_action, next_logp = self._policy(p["actor"], batch.next_obs, k_next)
+        nq1, nq2 = self.critic.apply(lrn.target_params, batch.next_obs, next_action)
+        target = soft_q_target(batch.reward, batch.discount, nq1, nq2, next_logp, alpha)
+
+        def q_loss(critic):
+            q1, q2 = self.critic.apply(critic, batch.obs, batch.action)
+            loss, td = critic_loss(q1, q2, target)
+            return loss, (td, 0.5 * (q1 + q2))
+
+        (c_loss, (_td, q_sa)), c_grads = jax.value_and_grad(q_loss, has_aux=True)(p["critic"])
+        c_loss, c_grads = mean(c_loss), mean(c_grads)
+        c_updates, c_opt = self.tx["critic"].update(c_grads, lrn.opt_state["critic"], p["critic"])
+        critic = optax.apply_updates(p["critic"], c_updates)
+
+        def pi_loss(actor):
+            action, logp = self._policy(actor, batch.obs, k_pi)
+            q1, q2 = self.critic.apply(critic, batch.obs, action)
+            return actor_loss(logp, q1, q2, alpha), logp
+
+        (a_loss, logp), a_grads = jax.value_and_grad(pi_loss, has_aux=True)(p["actor"])
+        a_loss, a_grads = mean(a_loss), mean(a_grads)
+        if cfg.autotune:
+            t_loss, t_grad = jax.value_and_grad(temperature_loss)(p["log_alpha"], logp, self.target_entropy)
+            t_grad = mean(t_grad)
+        else:
+            t_loss, t_grad = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)
+        grads = {"actor": a_grads, "critic": c_grads, "log_alpha": t_grad}
+        finite = all_finite((c_loss, a_loss, t_loss), grads)
+        params, opt_state = {}, {}
+        for name in ("actor", "critic", "log_alpha"):
+            params[name], opt_state[name] = guarded_apply(self.tx[name], grads[name], lrn.opt_state[name], p[name],
+                                                          finite)
+        if not cfg.autotune:  # a fixed temperature (Adam on a zero gradient would leave it anyway)
+            params["log_alpha"] = p["log_alpha"]
+        target_params = dqn.polyak_update(lrn.target_params, params["critic"], cfg.tau)
+        metrics = {"td_loss": c_loss, "q_mean": mean(jnp.mean(q_sa)), "policy_loss": a_loss,
+                   "entropy": mean(-jnp.mean(logp)), "alpha": alpha,
+                   "grad_norm": optax.tree.norm(c_grads)}
+        return params, target_params, opt_state, finite, metrics
+
+    def learn(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array,
+              axis_name: str | None = None, num_shards: int = 1) -> tuple[ReplayLearnerState, Any, dict]:
+        """One learner block: ``updates_per_step`` soft actor-critic updates (``lax.scan``; see
+        the module docstring), each on ``batch_size`` uniformly sampled transitions, then version += 1.
+
+        Args:
+            learner: the learner's state.
+            replay_state: the :class:`~tianji_jax.replay.ReplayState` (at least one item).
+            env_steps: int32 scalar, env steps so far (unused: SAC has no schedule).
+            axis_name: data-parallel learners (inside ``shard_map`` over this axis, ``num_shards``
+                replicas, each with its own replay shard): each replica samples ``batch_size /
+                num_shards`` items from its shard (its key folded with its axis index) and the
+                losses and gradients are averaged (``pmean``) before identical steps.
+
+        Returns:
+            ``(learner, replay_state, metrics)``; metrics are float32 means over the block's
+            updates: ``td_loss`` (the critics' loss), ``q_mean`` (mean of the two critics on the
+            sampled pairs), ``policy_loss`` (the actor's), ``entropy`` (``-log pi`` of fresh
+            samples), ``alpha`` (before the update), ``grad_norm`` (critics, before clipping),
+            ``policy_lag_mean``, int32 ``policy_lag_max`` and int32 ``nonfinite_skips``.
+        """
+        cfg = self.config
+        batch_size = cfg.batch_size // num_shards
+        mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
+
+        def update(carry, _):
+            lrn, rs = carry
+            key, k_sample, k_next, k_pi = jax.random.split(lrn.key, 4)
+            if axis_name is not None:  # each replica draws from its own shard
+                k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
+            s = self.sample(rs, k_sample, batch_size)
+            params, target, opt_state, finite, metrics = self._update(lrn, s.item, (k_next, k_pi), mean)
+            lag = lrn.version - s.policy_version
+            lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
+            metrics = {**metrics, "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))),
+                       "policy_lag_max": lag_max, SKIP_METRIC: (~finite).astype(jnp.int32)}
+            new = ReplayLearnerState(params, target, opt_state, key, lrn.version, lrn.gradient_steps + 1)
+            return (new, rs), metrics
+
+        (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None, length=cfg.updates_per_step)
+        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == SKIP_METRIC else jnp.mean(v))
+                   for k, v in m.items()}
+        return learner.replace(version=learner.version + 1), replay_state, metrics
