@@ -63,6 +63,21 @@ def test_second_train_compiles_nothing(tmp_path, compile_counter):
     assert not np.array_equal(other_seed.curve["episode_return_mean"], result.curve["episode_return_mean"])
 
 
+def test_the_shorter_last_chunk_is_the_same_compiled_program():
+    """5 updates in chunks of 2: the tail of 1 runs the chunk with ``active=1`` (one compilation in
+    all), its inactive update changes nothing, and the rows count only active updates."""
+    config = tj.PPOConfig(**{**SMALL, "total_env_steps": 4 * 32 * 5, "seed": 3})
+    trainer = tj.make_train(config)
+    before = trainer.chunk._cache_size()
+    result = tj.train(config, progress=False)
+    assert trainer.chunk._cache_size() - before <= 1 and int(result.state.update_count) == 5
+    state = trainer.init(jax.random.PRNGKey(0))
+    one, m = trainer.chunk(state, np.int32(1))
+    ref, m_ref = tj.make_train(config, updates_per_chunk=1).chunk(state)
+    jax.tree.map(np.testing.assert_array_equal, one, ref)
+    assert float(m["value_loss"][1]) == 0.0 and float(m["value_loss"][0]) == float(m_ref["value_loss"][0])
+
+
 def test_same_seed_same_curve_and_params():
     config = tj.PPOConfig(**SMALL)
     a = tj.train(config, progress=False)

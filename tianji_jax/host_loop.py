@@ -24,7 +24,6 @@ from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, unstack_actors
 from tianji_jax.runtime.anakin import host_metrics
 from tianji_jax.runtime.nonfinite import NonFiniteMonitor
-from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["mean_or_nan", "make_display", "make_emit", "eval_steps_so_far", "run_anakin", "finish", "save_params",
            "async_columns", "async_restore", "AsyncRow", "run_async"]
@@ -90,38 +89,32 @@ def eval_steps_so_far(rows: list[dict[str, float]]) -> int:
     return 0
 
 
-def run_anakin(trainer: Callable, tail: TailCompile | None, state: Any, done: int, total: int, chunk_u: int,
-               steps_per_unit: int, make_row: Callable[[dict[str, np.ndarray], int, float], dict[str, float]],
+def run_anakin(trainer: Any, state: Any, done: int, total: int, chunk_u: int, steps_per_unit: int,
+               make_row: Callable[[dict[str, np.ndarray], int, float], dict[str, float]],
                emit: Callable[..., bool], files: RunFiles, callback: Callable | None) -> tuple[Any, bool]:
-    """The Anakin host loop (PPO and DQN): compiled chunks of ``chunk_u`` units (PPO updates or DQN
-    iterations of ``steps_per_unit`` env steps each; the last, shorter one is ``tail``'s) from
-    ``done`` to ``total`` units. After each chunk: ``make_row(host metrics, units done, SPS)``,
+    """The Anakin host loop (every algorithm): compiled chunks of ``chunk_u`` units (on-policy
+    updates or replay iterations of ``steps_per_unit`` env steps each) from ``done`` to ``total``
+    units, each ``trainer.chunk(state, active)`` with ``active = min(chunk_u, total - done)``, so
+    the last, shorter chunk runs the same compiled program (its inactive units change nothing).
+    After each chunk: ``make_row(host metrics of the active units, units done, SPS)``,
     :func:`make_emit`'s ``emit``, a checkpoint when due, then ``callback(row)``; stops early when
     ``emit`` says so. Returns ``(state, stopped)``."""
     stopped = False
-    try:
-        while done < total:
-            fn = trainer if total - done >= chunk_u else tail
-            t0 = time.perf_counter()
-            with phase("chunk"):
-                state, metrics = fn(state)  # DQN's chunk donates the previous state
-                m = host_metrics(metrics)
-            k = int(m["episode_count"].shape[0])
-            done += k
-            seconds = time.perf_counter() - t0
-            if tail is not None:
-                tail.after_chunk(state, seconds, (total - done) // chunk_u)
-            row = make_row(m, done, k * steps_per_unit / seconds)
-            stopped = emit(row, state.params, getattr(state, "obs_rms", None), m["nonfinite_skips"])  # DQN: no obs_rms
-            files.maybe_save(state, done * steps_per_unit, {"stopped_early": stopped},
-                             finished=stopped or done >= total)
-            if callback is not None:
-                callback(dict(row))
-            if stopped:
-                break
-    finally:
-        if tail is not None:
-            tail.close()
+    while done < total:
+        k = min(chunk_u, total - done)
+        t0 = time.perf_counter()
+        with phase("chunk"):
+            state, metrics = trainer.chunk(state, np.int32(k))  # a replay chunk donates the previous state
+            m = {name: v[:k] for name, v in host_metrics(metrics).items()}
+        done += k
+        seconds = time.perf_counter() - t0
+        row = make_row(m, done, k * steps_per_unit / seconds)
+        stopped = emit(row, state.params, getattr(state, "obs_rms", None), m["nonfinite_skips"])  # replay: no obs_rms
+        files.maybe_save(state, done * steps_per_unit, {"stopped_early": stopped}, finished=stopped or done >= total)
+        if callback is not None:
+            callback(dict(row))
+        if stopped:
+            break
     return state, stopped
 
 

@@ -23,7 +23,6 @@ from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
 from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics,
                                        shared_train as make_train)
-from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["on_policy_evaluator", "train_on_policy", "on_policy_row", "run_async_on_policy"]
 
@@ -63,8 +62,6 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
     start = time.perf_counter()
     num_updates, chunk_u = config.num_updates, config.updates_per_chunk
     trainer = make_train(config)  # Anakin chunk (the async runtime shares its network/evaluator)
-    remainder = num_updates % chunk_u
-    tail = TailCompile(make_train(config, remainder).chunk) if remainder and config.runtime == "anakin" else None
     evaluator = timed("eval", on_policy_evaluator(config, trainer, config.eval_episodes) if config.eval_episodes else None)
     derived = {"batch_size": config.batch_size, "minibatch_size": config.minibatch_size,
                "num_updates": num_updates, "env_steps": config.env_steps,
@@ -84,7 +81,7 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
         if config.runtime == "async":
             return run_async_on_policy(config, files, emit, callback)
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
-        return host_loop.run_anakin(trainer, tail, state, int(state.learner.version), num_updates, chunk_u,
+        return host_loop.run_anakin(trainer, state, int(state.learner.version), num_updates, chunk_u,
                                     config.batch_size, lambda m, done, sps: on_policy_row(config, m, done, sps), emit,
                                     files, callback)
 

@@ -21,7 +21,6 @@ from tianji_jax.evaluation import EvalResult
 from tianji_jax.profiling import timed
 from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
-from tianji_jax.runtime.tail_compile import TailCompile
 
 __all__ = ["replay_evaluator", "evaluate_replay", "train_replay", "replay_row", "run_async_replay"]
 
@@ -108,8 +107,6 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
     start = time.perf_counter()
     n_iter, chunk_u = config.num_iterations, config.iterations_per_chunk
     trainer = shared_train(config)
-    remainder = n_iter % chunk_u
-    tail = TailCompile(shared_train(config, remainder).chunk) if remainder else None
     evaluator = timed("eval", replay_evaluator(config, config.eval_episodes) if config.eval_episodes else None)
     derived = {"iteration_env_steps": config.iteration_env_steps,
                "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
@@ -132,7 +129,7 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
         if config.runtime == "async":
             return run_async_replay(config, files, emit, callback)
         state = files.state if files.state is not None else trainer.init(jax.random.PRNGKey(config.seed))
-        return host_loop.run_anakin(trainer, tail, state, int(state.actor.env_steps) // config.iteration_env_steps,
+        return host_loop.run_anakin(trainer, state, int(state.actor.env_steps) // config.iteration_env_steps,
                                     n_iter, chunk_u, config.iteration_env_steps,
                                     lambda m, _done, sps: replay_row(config, m, sps), emit, files, callback)
 

@@ -28,15 +28,14 @@ x 16 minibatches, lr 3e-4, epsilon 1 -> 0.05 over 50% of 524,288 env steps, lamb
 LunarLander (envpool) the library rejects Anakin: unsupported.
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay` (looked up there by
-``train`` and ``evaluate``), and the window in which an Anakin run compiles its last, shorter chunk
-in the background by wrapping :class:`tianji_jax.runtime.tail_compile.TailCompile` (``CONV_DONE``'s
-``tail_compile_s``: [start, end] in wall s since ``t0``, None when the run has no such chunk or did
-not reach it); nothing in the library is changed.
+``train`` and ``evaluate``); nothing in the library is changed. ``CONV_DONE``'s ``tail_compile_s``
+is always None now: the library runs an Anakin run's last, shorter chunk with the same compiled
+program as its full ones (the results committed before that change measured a background
+compilation of it).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import _protocol as P
@@ -50,7 +49,6 @@ if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/ru
 
 import tianji_jax as tj  # noqa: E402
 from tianji_jax import host_on_policy, host_replay  # noqa: E402
-from tianji_jax.runtime import tail_compile  # noqa: E402
 from tianji_jax.provenance import provenance  # noqa: E402
 
 log = P.EvalLog(spec)
@@ -73,32 +71,6 @@ def _timed_factory(factory):
 
 host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_evaluator)
 host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
-
-# When the Anakin run's last, shorter chunk is compiled in its background thread (wall s since t0;
-# reported in CONV_DONE as ``tail_compile_s`` [start, end], so the evaluation intervals it overlaps
-# can be told apart); the library's TailCompile is wrapped, not changed.
-_tail_window: list[float] = []
-_tail_watchers: list[threading.Thread] = []
-_tail_start = tail_compile.TailCompile._start
-
-
-def _timed_tail_start(self, state):
-    _tail_window.append(time.time() - log.t0)
-    _tail_start(self, state)
-    thread = self._thread
-    if thread is None:  # nothing compiled (already cached)
-        _tail_window.append(_tail_window[0])
-        return
-
-    def watch():
-        thread.join()
-        _tail_window.append(time.time() - log.t0)
-
-    _tail_watchers.append(threading.Thread(target=watch, daemon=True))
-    _tail_watchers[-1].start()
-
-
-tail_compile.TailCompile._start = _timed_tail_start
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
         "LunarLander": {"envpool": "envpool:LunarLander-v2"}}
@@ -179,7 +151,5 @@ if spec.get("profile"):  # convergence.py --profile: where the time to the thres
                             "timers": json.loads((run_dir / "profile" / "timers.json").read_text())})
 else:
     tj.train(config, progress=False, callback=on_row, tensorboard=False)
-for watcher in _tail_watchers:
-    watcher.join(60)
 P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count,
-                     "tail_compile_s": _tail_window[:2] if len(_tail_window) >= 2 else None})
+                     "tail_compile_s": None})

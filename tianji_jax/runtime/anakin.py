@@ -39,6 +39,22 @@ __all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin",
            "host_metrics"]
 
 
+def _scan(step: Any, state: Any, length: int, active: jax.Array | None) -> tuple[Any, dict[str, jax.Array]]:
+    """``length`` steps ``step(state, None) -> (state, metrics)`` in one ``lax.scan``; with
+    ``active`` (an int32 scalar, traced) only the first ``active`` steps run and the others leave
+    the state as it is with zero metrics, so a run's last, shorter chunk is the same compiled
+    program as its full ones (no second compilation)."""
+    if active is None:
+        return jax.lax.scan(step, state, None, length=length)
+    shapes = jax.eval_shape(step, state, None)[1]
+
+    def masked(carry, i):
+        return jax.lax.cond(i < active, lambda s: step(s, None),
+                            lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)), carry)
+
+    return jax.lax.scan(masked, state, jnp.arange(length, dtype=jnp.int32))
+
+
 @struct.dataclass
 class OnPolicyTrainState:
     """Everything an Anakin on-policy run needs to continue (one seed; vmapped runs add a leading axis).
@@ -90,8 +106,10 @@ class OnPolicyAnakin:
         agent: the :class:`~tianji_jax.algos.on_policy.OnPolicyAgent` (network, acting, learning).
         updates_per_chunk: ``U``, updates per call.
         init: jitted ``key -> OnPolicyTrainState``.
-        chunk: jitted ``OnPolicyTrainState -> (OnPolicyTrainState, metrics)``; metrics is a dict of
-            ``(U,)`` arrays: ``episode_return_sum``, ``episode_length_sum`` (float32) and
+        chunk: jitted ``(OnPolicyTrainState, active=None) -> (OnPolicyTrainState, metrics)``
+            (``active``: an int32 scalar ``<= U``, run only the first ``active`` updates; the
+            others return zero metrics; the host loop passes it for every chunk so that a run's
+            last, shorter chunk reuses the compiled program); metrics is a dict of ``(U,)`` arrays: ``episode_return_sum``, ``episode_length_sum`` (float32) and
             ``episode_count`` (int32) over the episodes that ended during each update's rollout,
             ``policy_lag_mean`` / ``policy_lag_max`` (always 0 here), ``nonfinite_skips`` and the
             agent's loss metrics (PPO: those of :func:`~tianji_jax.algos.ppo.ppo_loss` plus
@@ -125,8 +143,8 @@ class OnPolicyAnakin:
         learner, metrics = self.agent.learn(state.learner, traj)
         return OnPolicyTrainState(actor, learner), metrics
 
-    def _chunk(self, state: OnPolicyTrainState):
-        return jax.lax.scan(self._update, state, None, length=self.updates_per_chunk)
+    def _chunk(self, state: OnPolicyTrainState, active: jax.Array | None = None):
+        return _scan(self._update, state, self.updates_per_chunk, active)
 
 
 PPOAnakin = OnPolicyAnakin
@@ -188,8 +206,9 @@ class ReplayAnakin:
         agent: the :class:`~tianji_jax.algos.replay_agent.ReplayAgent`.
         iterations_per_chunk: ``U``.
         init: jitted ``key -> ReplayTrainState``.
-        chunk: jitted ``ReplayTrainState -> (ReplayTrainState, metrics)`` with the state donated
-            (the old state's buffers are deleted); ``metrics`` is a dict of ``(U,)`` arrays, one
+        chunk: jitted ``(ReplayTrainState, active=None) -> (ReplayTrainState, metrics)`` with the
+            state donated (the old state's buffers are deleted) and ``active`` as for
+            :class:`OnPolicyAnakin`; ``metrics`` is a dict of ``(U,)`` arrays, one
             entry per iteration: the rollout's ``episode_return_sum``, ``episode_length_sum``
             (float32), ``episode_count`` (int32) and the agent's exploration metric (DQN:
             ``epsilon``), ``acting_version`` (int32, the version the actor acted with),
@@ -250,8 +269,8 @@ class ReplayAnakin:
         }
         return ReplayTrainState(actor, learner, rs), metrics
 
-    def _chunk(self, state: ReplayTrainState):
-        return jax.lax.scan(self._iteration, state, None, length=self.iterations_per_chunk)
+    def _chunk(self, state: ReplayTrainState, active: jax.Array | None = None):
+        return _scan(self._iteration, state, self.iterations_per_chunk, active)
 
 
 DQNAnakin = ReplayAnakin
