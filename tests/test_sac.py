@@ -142,7 +142,8 @@ def test_cli_trains_and_evaluates_sac(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sac_solves_gymnax_pendulum_in_anakin():
-    """Budget: 10k env steps (SB3's zoo trains Pendulum SAC for 20k); the default config, seed 0.
+    """Budget: 10k env steps (SB3's zoo trains Pendulum SAC for 20k); the default config, seed 0 (measured:
+    eval -210 at 4k env steps, 26 s on 2 cores).
     Threshold -250: a random policy scores about -1200, a solved swing-up about -150."""
     config = tj.SACConfig(seed=0, total_env_steps=10_000, eval_every_env_steps=2_000, stop_at_return=-250.0)
     result = tj.train(config, progress=False)
