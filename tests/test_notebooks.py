@@ -108,7 +108,15 @@ def test_custom_torso(tmp_path, monkeypatch):
     assert _finite(s["eval_return"]) and math.isfinite(s["final_eval_mean"])
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "custom_env.ipynb", "custom_torso.ipynb"])
+@pytest.mark.slow  # ~30-60 s on 2 cores, mostly compilation
+def test_sweep(tmp_path, monkeypatch):
+    s, images = _execute("sweep.ipynb", tmp_path, monkeypatch)
+    assert images >= 1
+    assert s["members"] == 4 and s["env_steps"] == [4096.0, 8192.0]
+    assert _finite(s["final_eval"]) and all(1 <= v <= 500 for v in s["final_eval"])
+
+
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "custom_env.ipynb", "custom_torso.ipynb", "sweep.ipynb"])
 def test_committed_outputs_are_from_a_full_run(name):
     """notebooks/README.md: the committed notebooks hold the outputs of a full (QUICK=False) run or none."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

@@ -20,6 +20,7 @@ from tianji_jax.evaluation import EvalResult
 from tianji_jax.runtime.anakin import OnPolicyAnakin, OnPolicyTrainState, PPOAnakin, PPOTrainState, make_train
 from tianji_jax.runtime.anakin import DQNAnakin, DQNTrainState, ReplayAnakin, ReplayTrainState, make_dqn_train
 from tianji_jax.training import METRIC_COLUMNS, LoadedRun, TrainResult, evaluate, load, load_params, train
+from tianji_jax.sweep import SweepResult, sweep, traced_hyperparameters
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "EvalResult", "METRIC_COLUMNS", "__version__",
     "PQNConfig", "SACConfig", "OnPolicyTrainState", "OnPolicyAnakin",
     "DQNConfig", "make_dqn_train", "DQNTrainState", "DQNAnakin", "ReplayTrainState", "ReplayAnakin",
+    "sweep", "SweepResult", "traced_hyperparameters",
     "CheckpointConfig", "load", "LoadedRun", "load_config", "clear_caches", "cache_dir",
     "Algorithm", "register_algorithm", "algorithm_names",
 ]

@@ -74,8 +74,10 @@ class Algorithm:
             key is the algorithm's actor key folded with each of ``key_folds`` in turn; its
             envs are seeded from ``seed`` (not ``config.seed``); ``timer(name, t0)`` adds phase seconds; ``run_env_steps()`` is the run's env steps.
         description: one line describing it (shown in ``tianji train --help`` under ``--algo``).
-        traced_hyperparameters: config fields that may vary without recompiling (empty: every
-            field enters the compile key).
+        traced_hyperparameters: config fields that may vary without recompiling: the agent uses
+            them only arithmetically (never for a shape, a loop bound or a Python branch), so
+            :func:`tianji_jax.sweep` builds the agent with tracers in their place and trains a grid
+            of them in one vmapped program (empty: none may be swept).
         agent: ``"module:Class"`` (or the class) of the algorithm's agent, built as
             ``Class(config)``: for the on-policy data path a subclass of
             :class:`~tianji_jax.algos.on_policy.OnPolicyAgent` (its network, acting step and
@@ -238,16 +240,21 @@ def agent_class_for(config: Any) -> type:
 register_algorithm(Algorithm(
     name="ppo", config="tianji_jax.algos.ppo.config:PPOConfig", data_path="on_policy",
     agent="tianji_jax.algos.ppo.agent:PPOAgent",
+    traced_hyperparameters=("learning_rate", "max_grad_norm", "gamma", "gae_lambda", "clip_eps", "vf_coef",
+                            "ent_coef"),
     description="PPO (Schulman et al. 2017) with GAE or V-trace; categorical or Gaussian policies"))
 register_algorithm(Algorithm(
     name="pqn", config="tianji_jax.algos.pqn.config:PQNConfig", data_path="on_policy",
     agent="tianji_jax.algos.pqn.agent:PQNAgent",
+    traced_hyperparameters=("learning_rate", "max_grad_norm", "gamma", "q_lambda", "reward_scale"),
     description="PQN (Gallici et al. 2024): LayerNorm Q-network, Q(lambda) on-policy, no replay or target net"))
 register_algorithm(Algorithm(
     name="dqn", config="tianji_jax.algos.dqn.config:DQNConfig", data_path="replay",
     agent="tianji_jax.algos.dqn.agent:DQNAgent",
+    traced_hyperparameters=("learning_rate", "max_grad_norm", "gamma", "tau"),
     description="the DQN family (Mnih et al. 2015): double Q, n-step, dueling, prioritised replay"))
 register_algorithm(Algorithm(
     name="sac", config="tianji_jax.algos.sac.config:SACConfig", data_path="replay",
     agent="tianji_jax.algos.sac.agent:SACAgent",
+    traced_hyperparameters=("learning_rate", "max_grad_norm", "gamma", "tau", "init_alpha"),
     description="SAC (Haarnoja et al. 2018): twin soft Q, squashed Gaussian actor, learned temperature; Box actions"))
