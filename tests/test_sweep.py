@@ -103,3 +103,24 @@ def test_async_configs_and_unregistered_fields_are_refused():
         tj.sweep(tj.PPOConfig(**PPO, runtime="async"), {"gamma": [0.9]})
     assert tj.traced_hyperparameters(tj.SACConfig()) == ("learning_rate", "max_grad_norm", "gamma", "tau",
                                                          "init_alpha")
+
+
+def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
+    from tianji_jax.cli import main
+
+    out = tmp_path / "sweep.csv"
+    assert main(["sweep", "--grid", "learning_rate=1e-3,3e-4", "--seeds", "0,1", "--num-envs", "4", "--num-steps",
+                 "32", "--num-minibatches", "2", "--update-epochs", "2", "--total-env-steps", "640",
+                 "--eval-every-env-steps", "256", "--eval-episodes", "2", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("learning_rate,seed,final_eval_return") and len(lines) == 5
+    assert lines[3].startswith("0.0003,0,")
+    capsys.readouterr()
+    for argv, match in ((["--grid", "num_envs=4,8"], "grid fields ['num_envs'] cannot be swept"),
+                        (["--grid", "gamma=0.9,x"], "--grid gamma: 'x' is not a number"),
+                        (["--grid", "gamma"], "expected NAME=V1,V2"),
+                        (["--seeds", "0"], "--grid NAME=V1,V2,... is required"),
+                        (["--grid", "gamma=0.9", "--seeds", "a"], "--seeds: 'a' is not an integer")):
+        assert main(["sweep", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tianji sweep: error: ") and match in err and err.count("\n") == 1, err

@@ -26,14 +26,15 @@ from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
 
-_USAGE = """usage: tianji {train,eval,plot} ...
+_USAGE = """usage: tianji {train,sweep,eval,plot} ...
 
 commands:
   train   train an agent, or continue one with --resume RUN_DIR (tianji train --help for every option)
+  sweep   train a grid of traced hyper-parameters x seeds in one compiled program (tianji sweep --help)
   eval    evaluate a run's latest checkpoint with the deterministic policy (tianji eval --help)
   plot    draw return curves of one or more runs into a PNG (tianji plot --help)
 """
-_COMMANDS = ("train", "eval", "plot")
+_COMMANDS = ("train", "sweep", "eval", "plot")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -453,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(status)
         return status
+    if command == "sweep":
+        from tianji_jax.cli_sweep import sweep_main
+
+        return sweep_main(rest)
     if command == "eval":
         return _eval(rest)
     if command == "plot":
