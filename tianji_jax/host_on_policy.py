@@ -129,8 +129,7 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
     runner = wired.runner
 
     def extra() -> dict:
-        with wired.timers_lock:
-            timers = dict(wired.timers)
+        timers = wired.timers.read()
         # the learner state as published with this version and the actors' half of the cut (the
         # learner thread takes the snapshot right after publishing; the caller handles the event
         # later, when the learner and the actors may be ahead)
@@ -147,7 +146,7 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
         keyed = sorted(((runner.group_of(it.actor_id), v, p) for v, p, it in pending), key=lambda e: e[:2])
         m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for _, _, p in keyed])
         row = on_policy_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
-        row.update(host_loop.async_columns(config, snap, last, dt, wired.timers))
+        row.update(host_loop.async_columns(config, snap, last, dt, wired.timers.read()))
         row.update({"consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
                     "reuse": float(config.update_epochs)})
         # exactly the version just published, whatever the learner does meanwhile; with learner

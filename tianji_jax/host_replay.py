@@ -151,8 +151,7 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
     total = config.learning_iterations // config.num_learner_groups * config.num_learner_groups
 
     def extra() -> dict:
-        with runtime.timers_lock:
-            timers = dict(runtime.timers)
+        timers = runtime.timers.read()
         snap = {**timers, "state_copy": None, "cut": None, "dropped_partial": runtime.env_steps_discarded,
                 "lost_chunks": runtime.lost_chunks}
         group, block = runner.publishing_group, runner.start_version + runner.published
@@ -180,7 +179,7 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
             "replay_ratio_observed": sampled / config.batch_size / after,
             **_agent_columns(config, m, lambda k: float(np.mean(m[k]))),
             "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
-            **host_loop.async_columns(config, snap, last, dt, runtime.timers),
+            **host_loop.async_columns(config, snap, last, dt, runtime.timers.read()),
         }
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
         actors = snap["cut"]["actors"]

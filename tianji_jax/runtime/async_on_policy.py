@@ -12,7 +12,6 @@ learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from functools import partial
@@ -26,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from tianji_jax.algos.on_policy import TRAJECTORY_KEYS, LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
-from tianji_jax.runtime.async_runtime import AsyncRunner
+from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
 from tianji_jax.runtime.host_actor import HostActor
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
@@ -123,7 +122,7 @@ class AsyncOnPolicy:
         averager: the :class:`ParamAverager` of the learner groups (None without groups).
         timers: cumulative seconds ``rollout_s`` (inference + env step, fused on the actor device),
             ``h2d_s`` (params to the actor device and trajectories to the learner device) and
-            ``update_s`` (learner update), guarded by ``timers_lock``.
+            ``update_s`` (learner update): a :class:`~tianji_jax.runtime.async_runtime.PhaseTimers`.
         obs_rms: actor 0's newest observation statistics.
         consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
@@ -168,10 +167,9 @@ class AsyncOnPolicy:
                 _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, jax.jit(parts.act), parts)
             self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
-        self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
+        self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
         if config.env_spec.on_host:  # host actors time their two halves apart (gymnax fuses them)
-            self.timers.update(inference_s=0.0, env_step_s=0.0)
-        self.timers_lock = threading.Lock()
+            self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         self.learner_states: list[LearnerState] = [None]
         env_seed = config.seed
@@ -205,11 +203,11 @@ class AsyncOnPolicy:
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
                     self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, group=i % groups),
-                                               self._time, seed=env_seed)
+                                               self.timers.since, seed=env_seed)
                 else:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
-                                                          partial(self.to_learner, group=i % groups), self._time,
+                                                          partial(self.to_learner, group=i % groups), self.timers.since,
                                                           seed=env_seed))
             except BaseException:
                 self.close()
@@ -342,26 +340,18 @@ class AsyncOnPolicy:
         return (f"placement: actors on {self.actor_device}, {len(self.learner_devices)} data-parallel learners on "
                 f"{names}{same}")
 
-    def _time(self, name: str, t0: float) -> None:
-        with self.timers_lock:
-            self.timers[name] += time.perf_counter() - t0
-
     def _make_actor(self, i: int):
         def act(params: Any, version: int):
-            t0 = time.perf_counter()
-            params = jax.device_put(params, self.actor_device)
-            jax.block_until_ready(params)
-            self._time("h2d_s", t0)
-            t0 = time.perf_counter()
-            state, traj = self._rollout(params, jnp.asarray(version, jnp.int32), self._actor_states[i])
-            jax.block_until_ready(traj)
-            self._time("rollout_s", t0)
+            with self.timers.span("h2d_s"):
+                params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+            with self.timers.span("rollout_s"):
+                state, traj = self._rollout(params, jnp.asarray(version, jnp.int32), self._actor_states[i])
+                jax.block_until_ready(traj)
             self._actor_states[i] = state
             if i == 0:
                 self.obs_rms = state.obs_rms
-            t0 = time.perf_counter()
-            traj = jax.block_until_ready(self.to_learner(traj, self.runner.group_of(i)))
-            self._time("h2d_s", t0)
+            with self.timers.span("h2d_s"):
+                traj = jax.block_until_ready(self.to_learner(traj, self.runner.group_of(i)))
             return (traj, state), self.config.batch_size  # the state after it: a checkpoint cut's actor half
         return act
 
@@ -369,13 +359,12 @@ class AsyncOnPolicy:
         traj = item.data
         if not self.config.env_spec.on_host:  # gymnax: (trajectory, actor state right after it)
             traj, self.consumed_actor_states[item.actor_id] = item.data
-        t0 = time.perf_counter()
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep
             first = version == self.runner.start_version  # it compiles (also the first after a resume)
-            with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if first else 0.0):
+            with self.watchdog.section(f"learner update {version + 1}", extra_s=300.0 if first else 0.0), \
+                    self.timers.span("update_s"):
                 state, metrics = self._learn(self.learner_state, traj)
                 jax.block_until_ready(state.params)
-            self._time("update_s", t0)
             self.learner_state = state
             dist = _distributed(self.config)
             params = dist.local_replica(state.params)
@@ -383,13 +372,13 @@ class AsyncOnPolicy:
             dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
             return params, dist.local_replica(metrics)
         group = self.runner.group_of(item.actor_id)
-        state, metrics = self._learn(self.learner_states[group], traj)
-        if self.averager is not None and is_sync_point(version + 1, self.config.sync_every,
-                                                       self.config.updates_per_group):
-            params = self.averager.average(group, state.params, version + 1)
-            if params is not None:  # None: the run is stopping
-                state = state.replace(params=params)
-        jax.block_until_ready(state.params)
-        self._time("update_s", t0)
+        with self.timers.span("update_s"):
+            state, metrics = self._learn(self.learner_states[group], traj)
+            if self.averager is not None and is_sync_point(version + 1, self.config.sync_every,
+                                                           self.config.updates_per_group):
+                params = self.averager.average(group, state.params, version + 1)
+                if params is not None:  # None: the run is stopping
+                    state = state.replace(params=params)
+            jax.block_until_ready(state.params)
         self.learner_states[group] = state
         return state.params, metrics

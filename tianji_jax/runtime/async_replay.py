@@ -14,7 +14,6 @@ the limiter's band whatever the relative speed of actors and learner.
 from __future__ import annotations
 
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -27,6 +26,7 @@ from tianji_jax.caches import register
 from tianji_jax.buffers import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import placement, resume_seed
+from tianji_jax.runtime.async_runtime import PhaseTimers
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
 from tianji_jax.runtime.replay_host import ReplayHostActor
@@ -85,7 +85,8 @@ class AsyncReplay:
         epsilon: mean exploration parameter (DQN: epsilon) over all envs of all actors (each
             actor's latest inserted chunk); reported under the agent's ``EXPLORE_METRIC``.
         host_actors: the :class:`ReplayHostActor` s (empty for gymnax); call :meth:`close` after the run.
-        timers: cumulative seconds ``rollout_s``, ``h2d_s``, ``update_s`` (guarded by ``timers_lock``).
+        timers: :class:`~tianji_jax.runtime.async_runtime.PhaseTimers`, cumulative seconds
+            ``rollout_s``, ``h2d_s``, ``update_s`` (host envs: also ``inference_s``, ``env_step_s``).
     """
 
     def __init__(self, config: Any, restore: dict | None = None):
@@ -121,8 +122,7 @@ class AsyncReplay:
         else:
             replicated = replay_at = self.learner_device
             self._place = lambda *tree, group=0: jax.device_put(tree, self.group_devices[group])
-        self.timers = {"rollout_s": 0.0, "h2d_s": 0.0, "update_s": 0.0}
-        self.timers_lock = threading.Lock()
+        self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         on_host = config.env_spec.on_host
@@ -153,7 +153,7 @@ class AsyncReplay:
         self.host_actors: list[ReplayHostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
         if config.env_spec.on_host:
-            self.timers.update(inference_s=0.0, env_step_s=0.0)
+            self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
             self._actor_states = [None] * config.num_actors
             env_seed = None
             if restore is not None:  # host env state is not checkpointed: fresh seeds, fresh episodes
@@ -163,13 +163,13 @@ class AsyncReplay:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    self.remote = RemoteActors(config, self._remote_to_learner, self._time, self._run_env_steps,
+                    self.remote = RemoteActors(config, self._remote_to_learner, self.timers.since, self._run_env_steps,
                                                seed=config.seed if env_seed is None else env_seed)
                 else:
                     for i, k in enumerate(keys):
                         self.host_actors.append(ReplayHostActor(
                             config, self.parts, host_act, build, i, k, self.actor_device,
-                            partial(self._place_tree, group=i % groups), self._run_env_steps, self._time,
+                            partial(self._place_tree, group=i % groups), self._run_env_steps, self.timers.since,
                             seed=env_seed))
             except BaseException:
                 self.close()
@@ -294,10 +294,6 @@ class AsyncReplay:
         same = " (same device: acting and learning will serialise)" if self.actor_device == self.learner_device else ""
         return f"placement: actors on {self.actor_device}, learner and replay buffer on {self.learner_device}{same}"
 
-    def _time(self, name: str, t0: float) -> None:
-        with self.timers_lock:
-            self.timers[name] += time.perf_counter() - t0
-
     def _zero_stats(self, group: int | None = None) -> None:
         """Zero group ``group``'s episode statistics (every group's when None)."""
         zero = lambda: {"episode_return_sum": 0.0, "episode_length_sum": 0.0, "episode_count": 0}  # noqa: E731
@@ -308,9 +304,8 @@ class AsyncReplay:
 
     def _make_actor(self, i: int):
         def act(params: Any, version: int):
-            t0 = time.perf_counter()
-            params = jax.block_until_ready(jax.device_put(params, self.actor_device))
-            self._time("h2d_s", t0)
+            with self.timers.span("h2d_s"):
+                params = jax.block_until_ready(jax.device_put(params, self.actor_device))
             # epsilon follows the run's env steps (all actors together) step by step inside the
             # rollout, exactly as in Anakin (so the `sync` schedule reproduces it bit for bit), or
             # Ape-X's fixed per-env epsilons of this actor's slice
@@ -318,22 +313,23 @@ class AsyncReplay:
             state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
             eps = self.parts.actor_explore(produced, i, self.config.num_actors)
             eps = None if eps is None else jax.device_put(eps, self.actor_device)
-            t0 = time.perf_counter()
-            state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32), state,
-                                                                    eps)
-            jax.block_until_ready(items)
-            self._time("rollout_s", t0)
+            with self.timers.span("rollout_s"):
+                state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32),
+                                                                        state, eps)
+                jax.block_until_ready(items)
             self._actor_states[i] = state
-            t0 = time.perf_counter()
             group = i % self.config.num_learner_groups
-            data = jax.block_until_ready((*self._place(items, item_version, mask, group=group),
-                                          jax.device_put(stats, self.group_devices[group])))
-            self._time("h2d_s", t0)
+            with self.timers.span("h2d_s"):
+                data = jax.block_until_ready((*self._place(items, item_version, mask, group=group),
+                                              jax.device_put(stats, self.group_devices[group])))
             return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
 
     def _insert_chunks(self, chunks: list[TrajectoryItem], group: int = 0) -> None:
-        t0 = time.perf_counter()
+        with self.timers.span("update_s"):
+            self._insert_now(chunks, group)
+
+    def _insert_now(self, chunks: list[TrajectoryItem], group: int) -> None:
         stats_g = self.episode_stats[group]
         for chunk in chunks:
             (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
@@ -353,21 +349,19 @@ class AsyncReplay:
                 self._actor_epsilon[chunk.actor_id] = float(host[self.explore_metric])
         self.epsilon = float(np.mean(self._actor_epsilon))
         jax.block_until_ready(self.replay_states[group])
-        self._time("update_s", t0)
 
     def _learn_block(self, group: int, version: int):
-        t0 = time.perf_counter()
         config = self.config
-        env_steps = jnp.asarray(sum(b.inserted for b in self.runner.buffers), jnp.int32)
-        learner, self.replay_states[group], metrics = self._learn(self.learner_states[group],
-                                                                  self.replay_states[group], env_steps)
-        per_group = config.learning_iterations // config.num_learner_groups
-        if self.averager is not None and is_sync_point(version + 1, config.sync_every, per_group):
-            mean = self.averager.average(group, (learner.params, learner.target_params), version + 1)
-            if mean is not None:  # None: the run is stopping
-                learner = learner.replace(params=mean[0], target_params=mean[1])
-        jax.block_until_ready(learner.params)
-        self._time("update_s", t0)
+        with self.timers.span("update_s"):
+            env_steps = jnp.asarray(sum(b.inserted for b in self.runner.buffers), jnp.int32)
+            learner, self.replay_states[group], metrics = self._learn(self.learner_states[group],
+                                                                      self.replay_states[group], env_steps)
+            per_group = config.learning_iterations // config.num_learner_groups
+            if self.averager is not None and is_sync_point(version + 1, config.sync_every, per_group):
+                mean = self.averager.average(group, (learner.params, learner.target_params), version + 1)
+                if mean is not None:  # None: the run is stopping
+                    learner = learner.replace(params=mean[0], target_params=mean[1])
+            jax.block_until_ready(learner.params)
         self.learner_states[group] = learner
         explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
         metrics = {**jax.device_get(metrics), **self.episode_stats[group], **explore,

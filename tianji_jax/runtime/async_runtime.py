@@ -35,7 +35,7 @@ from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
 from tianji_jax.rate_limiter import RateLimiter
 from tianji_jax.runtime.param_store import ParamStore
 
-__all__ = ["AsyncRunner", "StallError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
+__all__ = ["PhaseTimers", "AsyncRunner", "StallError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
 
 SCHEDULES = ("sync", "one_step", "relaxed")
 
@@ -97,6 +97,40 @@ class Telemetry:
             for name, t0 in self._open.values():
                 out[name] += now - t0
         return out
+
+
+class PhaseTimers:
+    """Cumulative seconds per named phase (``rollout_s``, ``h2d_s``, ``update_s``, ...), added from
+    any thread: :meth:`span` times a ``with`` block, :meth:`since` adds ``perf_counter() - t0`` (the
+    ``timer(name, t0)`` callback host actors and Ray clients take), :meth:`read` copies them.
+
+    Args:
+        names: the phases, each starting at 0 seconds (others are created when first added).
+    """
+
+    def __init__(self, *names: str):
+        self._seconds = dict.fromkeys(names, 0.0)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Add the seconds spent in the ``with`` block to ``name`` (also when it raises)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.since(name, t0)
+
+    def since(self, name: str, t0: float) -> None:
+        """Add ``time.perf_counter() - t0`` seconds to ``name``."""
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    def read(self) -> dict[str, float]:
+        """A copy of every phase's cumulative seconds."""
+        with self._lock:
+            return dict(self._seconds)
 
 
 class AsyncRunner:

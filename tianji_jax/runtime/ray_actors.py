@@ -133,13 +133,11 @@ class _RolloutWorker:
         # learns of the death only from the next chunk's pid), so it mixes its pid in
         salt = os.getpid() if ray.get_runtime_context().was_current_actor_reconstructed else 0
         seed = (self.seed_base + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
-        self.timers = {"rollout_s": 0.0, "inference_s": 0.0, "env_step_s": 0.0, "h2d_s": 0.0}
+        from tianji_jax.runtime.async_runtime import PhaseTimers
 
-        def timer(name: str, t0: float) -> None:
-            self.timers[name] += time.perf_counter() - t0
-
+        self.timers = PhaseTimers("rollout_s", "inference_s", "env_step_s", "h2d_s")
         make = algorithm_for(cfg).host_actor_fn()
-        self.actor = make(cfg, self.actor_id, jax.devices("cpu")[0], seed=seed, timer=timer,
+        self.actor = make(cfg, self.actor_id, jax.devices("cpu")[0], seed=seed, timer=self.timers.since,
                           key_folds=(self.actor_id, incarnation, salt), run_env_steps=lambda: self.run_env_steps)
         self.incarnation = incarnation
 
@@ -153,10 +151,10 @@ class _RolloutWorker:
         if self.incarnation != incarnation:
             self._start(incarnation)
         self.run_env_steps = int(run_env_steps)
-        before = dict(self.timers)
+        before = self.timers.read()
         data, steps = self.actor(params, version)
         data = jax.device_get(data)
-        d = {k: self.timers[k] - before[k] for k in self.timers}
+        d = {k: v - before[k] for k, v in self.timers.read().items()}
         meta = ChunkMeta(self.actor_id, incarnation, self.seq, int(version), os.getpid(),
                          ray.get_runtime_context().get_node_id(), d["rollout_s"], d["inference_s"],
                          d["env_step_s"], self.actor.chunker.transitions_discarded + self.actor.chunker.stale_actions,
