@@ -534,3 +534,29 @@ def test_envpool_async_into_chunker():
         assert np.all(c["reward"] == 1.0)                 # CartPole: reset steps (reward 0) never appear
         assert np.all(np.diff(c["policy_version"], axis=0) >= 0)
     assert any(c["truncated"].any() for c in chunks) and any(c["terminated"].any() for c in chunks)
+
+
+def test_dict_observations_are_flattened_in_key_order():
+    """envpool's DeepMind Control tasks observe a Dict (position, velocity): the host env and the
+    env spec flatten it into one float32 vector, components in the Dict's key order."""
+    import envpool
+    import gymnasium.spaces as gs
+
+    from tianji_jax.envs.host import EnvpoolVecEnv, flatten_observation, observation_space
+    from tianji_jax.envs.registry import resolve_env
+
+    spec = resolve_env("envpool:CheetahRun-v1")
+    assert spec.observation_space.shape == (17,) and spec.observation_space.dtype == np.float32
+    with EnvpoolVecEnv("CheetahRun-v1", num_envs=2, seed=3) as env:
+        assert env.obs_keys == ("position", "velocity") and env.observation_space == spec.observation_space
+        step = env.reset()
+    raw = envpool.make("CheetahRun-v1", env_type="gymnasium", num_envs=2, seed=3)
+    obs, _ = raw.reset()
+    raw.close()
+    expected = np.concatenate([obs["position"], obs["velocity"]], axis=1).astype(np.float32)
+    np.testing.assert_array_equal(step.obs, expected)
+    nested = {"a": np.arange(12).reshape(2, 2, 3), "b": np.ones((2, 1))}
+    np.testing.assert_array_equal(flatten_observation(nested, ("b", "a"), 2),
+                                  [[1, 0, 1, 2, 3, 4, 5], [1, 6, 7, 8, 9, 10, 11]])
+    with pytest.raises(ValueError, match=r"Dict observation component 'k' is a Discrete; allowed: Dict observations"):
+        observation_space(gs.Dict({"k": gs.Discrete(3)}))

@@ -71,10 +71,11 @@ from typing import Any
 import numpy as np
 
 from tianji_jax.envs.host_common import (HostStep, _check_id, _check_num_envs, _EpisodeTracker, _HostVecEnv,
-                                         envpool_ids, from_gymnasium_space, gymnasium_ids, quiet_envpool_spaces)
+                                         envpool_ids, flatten_observation, from_gymnasium_space, gymnasium_ids,
+                                         observation_space, quiet_envpool_spaces)
 
 __all__ = ["HostStep", "EnvpoolVecEnv", "quiet_envpool_spaces", "GymnasiumVecEnv", "envpool_ids", "gymnasium_ids",
-           "from_gymnasium_space"]
+           "from_gymnasium_space", "observation_space", "flatten_observation"]
 
 
 class EnvpoolVecEnv(_HostVecEnv):

@@ -20,7 +20,8 @@ import numpy as np
 
 from tianji_jax.envs.spaces import Box, Discrete
 
-__all__ = ["HostStep", "quiet_envpool_spaces", "from_gymnasium_space", "envpool_ids", "gymnasium_ids"]
+__all__ = ["HostStep", "quiet_envpool_spaces", "from_gymnasium_space", "observation_space", "flatten_observation",
+           "envpool_ids", "gymnasium_ids"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,6 +107,38 @@ def from_gymnasium_space(space: Any) -> Discrete | Box:
     raise ValueError(f"space: unsupported space {type(space).__name__}; allowed: Discrete, Box")
 
 
+def observation_space(space: Any) -> tuple[Box, tuple[str, ...] | None]:
+    """The :class:`Box` an agent sees for a host env's gymnasium observation space, and the keys
+    of a flattened Dict.
+
+    A ``Box`` passes through (:func:`from_gymnasium_space`; keys None). A ``Dict`` of Boxes (e.g.
+    envpool's DeepMind Control tasks: ``position``, ``velocity``, ...) becomes one float32 vector:
+    every component flattened and concatenated in the Dict's key order (:func:`flatten_observation`),
+    with unbounded limits (envpool's Dict specs report meaningless ones).
+
+    Raises:
+        ValueError: another space type, or a Dict component that is not a Box; the message names
+            the component and what is allowed.
+    """
+    import gymnasium.spaces as gs
+
+    if not isinstance(space, gs.Dict):
+        return from_gymnasium_space(space), None
+    keys = tuple(space.spaces)
+    for key in keys:
+        if not isinstance(space.spaces[key], gs.Box):
+            raise ValueError(f"space: Dict observation component {key!r} is a {type(space.spaces[key]).__name__}; "
+                             "allowed: Dict observations whose components are all Box (flattened into one vector)")
+    size = sum(int(np.prod(space.spaces[key].shape)) for key in keys)
+    return Box((size,), np.dtype(np.float32), np.full(size, -np.inf), np.full(size, np.inf)), keys
+
+
+def flatten_observation(obs: Any, keys: tuple[str, ...], batch: int) -> np.ndarray:
+    """``(batch, D)`` float32: the Dict observation batch ``obs`` (key -> ``(batch, *shape)``)
+    flattened per row and concatenated in ``keys`` order (:func:`observation_space`)."""
+    return np.concatenate([np.asarray(obs[key]).reshape(batch, -1) for key in keys], axis=1).astype(np.float32)
+
+
 def envpool_ids() -> list[str]:
     """All env ids envpool can make (``envpool.list_all_envs()``), e.g. ``"CartPole-v1"``, ``"Pong-v5"``."""
     import envpool
@@ -176,10 +209,11 @@ class _HostVecEnv:
     num_envs: int
     observation_space: Box
     action_space: Discrete | Box
+    obs_keys: tuple[str, ...] | None = None  # a Dict observation's keys, flattened in this order
 
     def _init_spaces(self, obs_space: Any, act_space: Any, name: str) -> None:
         try:
-            self.observation_space = from_gymnasium_space(obs_space)
+            self.observation_space, self.obs_keys = observation_space(obs_space)
             self.action_space = from_gymnasium_space(act_space)
         except ValueError as err:
             raise ValueError(f"env_id={name!r}: {err}") from None
@@ -250,7 +284,7 @@ class _HostVecEnv:
                    terminated: np.ndarray, truncated: np.ndarray, stat_reward: np.ndarray,
                    episode_end: np.ndarray) -> HostStep:
         env_id = np.asarray(env_id, np.int32)
-        obs = np.asarray(obs)
+        obs = flatten_observation(obs, self.obs_keys, env_id.shape[0]) if self.obs_keys else np.asarray(obs)
         reward = np.asarray(reward, np.float32)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool)

@@ -269,7 +269,7 @@ def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tu
         limit = gymnasium.spec(env_id).max_episode_steps
         probe.close()
     try:
-        obs_space, act_space = host.from_gymnasium_space(obs), host.from_gymnasium_space(act)
+        obs_space, act_space = host.observation_space(obs)[0], host.from_gymnasium_space(act)
     except ValueError as err:
         raise ValueError(f"env={env!r}: {err}") from None
     if not isinstance(obs_space, Box):
