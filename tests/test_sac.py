@@ -112,14 +112,17 @@ def test_learner_layouts_train(layout):
     assert c["env_steps"][-1] >= 200 and np.all(np.isfinite(c["td_loss"])) and np.all(np.isfinite(c["alpha"]))
 
 
-def test_host_actors_on_envpool_pendulum():
+def test_host_actors_on_envpool_pendulum(tmp_path):
     """The Sebulba path: envpool's Pendulum on the host, the squashed Gaussian on the actor
-    device, continuous actions through the n-step window and the replay."""
+    device, continuous actions through the n-step window and the replay; the run directory's
+    checkpoint (no device actor state) loads and evaluates."""
     config = tj.SACConfig(**{**SMALL, "env": "envpool:Pendulum-v1"}, runtime="async")
-    result = tj.train(config, progress=False)
+    result = tj.train(config, run_dir=tmp_path / "run", progress=False)
     c = result.curve
     assert c["env_steps"][-1] >= 200 and np.all(np.isfinite(c["td_loss"]))
-    ev = tj.evaluate(config, result.state, num_episodes=2, seed=0)
+    loaded = tj.load(tmp_path / "run")
+    assert loaded.state.actor is None and set(loaded.state.params) == {"actor", "critic", "log_alpha"}
+    ev = tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=0)
     assert np.all(np.isfinite(ev["returns"]))
 
 

@@ -334,24 +334,27 @@ class RunFiles:
                            already_finished=self.finished)
 
 
-def state_template(config: PPOConfig | DQNConfig, has_actor: bool = True, stacked_actors: int = 0) -> Any:
+def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0) -> Any:
     """An abstract (``jax.eval_shape``) train state of ``config``; ``stacked_actors > 0``: the
     ``actor`` field holds that many actor states stacked on a leading axis (async runs with
     several actors)."""
+    from tianji_jax.algos.registry import algorithm_for
+
     key = jax.random.PRNGKey(config.seed)
-    if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.anakin import DQNTrainState, shared_train as make_dqn_train
+    if algorithm_for(config).data_path == "replay":
+        from tianji_jax.runtime.anakin import ReplayTrainState
 
         from tianji_jax.runtime.replay_sharded import init_sharded_replay
 
-        trainer = make_dqn_train(config)
+        trainer = make_train(config)
+        agent = trainer.agent
         shards = config.num_learner_devices
         groups = config.num_learner_groups  # a checkpoint of a group run holds one group's replay
-        init_replay = ((lambda: init_sharded_replay(trainer, shards)) if shards > 1  # sharded by env (async)
-                       else (lambda: trainer.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)))
+        init_replay = ((lambda: init_sharded_replay(agent, shards)) if shards > 1  # sharded by env (async)
+                       else (lambda: agent.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)))
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
-            return DQNTrainState(None, *jax.eval_shape(
-                lambda k: (trainer.init_learner(trainer.split_init_key(k)[1]), init_replay()), key))
+            return ReplayTrainState(None, *jax.eval_shape(
+                lambda k: (agent.init_learner(agent.split_init_key(k)[1]), init_replay()), key))
         state = jax.eval_shape(trainer.init, key)
         if shards > 1 or groups > 1:
             state = state.replace(replay=jax.eval_shape(init_replay))

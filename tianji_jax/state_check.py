@@ -17,18 +17,10 @@ _SHOWN = 3  # differing leaves named in a message
 def expected_params(config: Any) -> Any:
     """The params of ``config``'s network as ``jax.ShapeDtypeStruct`` leaves (PPO: actor and
     critic; DQN: the online Q-network)."""
-    from tianji_jax.config import DQNConfig
+    from tianji_jax.runtime.anakin import make_agent
 
-    if isinstance(config, DQNConfig):
-        from tianji_jax.runtime.anakin import shared_train as shared_dqn_train
-
-        trainer = shared_dqn_train(config)
-    else:  # every on-policy algorithm: its agent
-        from tianji_jax.runtime.anakin import make_agent
-
-        trainer = make_agent(config)
-    return jax.eval_shape(lambda k: trainer.init_learner(trainer.split_init_key(k)[1]).params,
-                          jax.random.PRNGKey(0))
+    agent = make_agent(config)  # every registered algorithm's agent
+    return jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]).params, jax.random.PRNGKey(0))
 
 
 def _leaves(tree: Any) -> dict[str, tuple[int, ...]]:

@@ -236,11 +236,6 @@ class ReplayAnakin:
         """Run one compiled chunk of ``U`` iterations (same as ``self.chunk``; donates ``state``)."""
         return self.chunk(state)
 
-    def __getattr__(self, name: str) -> Any:  # the agent's functions (greedy_action, rollout, ...)
-        if name == "agent":
-            raise AttributeError(name)
-        return getattr(self.agent, name)
-
     def _init(self, key: jax.Array) -> ReplayTrainState:
         agent = self.agent
         k_actor, k_learner = agent.split_init_key(key)
