@@ -446,7 +446,7 @@ def test_config_from_dict_round_trip(ppo_full):
     from tianji_jax.config import config_from_dict
 
     with pytest.raises(ValueError, match="algo"):
-        config_from_dict({"algo": "sac"})
+        config_from_dict({"algo": "a3c"})  # not registered
     with pytest.raises(ValueError, match="not fields"):
         config_from_dict({"algo": "ppo", "nonsense": 1})
     with pytest.raises(ValueError, match="environment object"):

@@ -65,6 +65,9 @@ NAN, INF = float("nan"), float("inf")
 
 # (field, bad value, exception type, regex the message must match)
 BAD_VALUES = [
+    # recurrent networks (Anakin, gymnax)
+    ("recurrent", "rnn", ValueError, "recurrent"),
+    ("rnn_hidden_size", 0, ValueError, "rnn_hidden_size"),
     # sizes: positive ints
     *[(f, v, ValueError, f) for f in ("total_env_steps", "num_envs", "num_steps", "update_epochs",
                                        "num_minibatches", "eval_every_env_steps") for v in (0, -1)],

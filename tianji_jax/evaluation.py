@@ -2,7 +2,9 @@
 
 Each of ``M`` evaluation envs plays exactly one episode with the deterministic policy (argmax for
 Discrete, the Gaussian mean for Box) inside one compiled ``while_loop`` that stops when every
-episode has ended or after ``max_steps_in_episode`` steps.
+episode has ended or after ``max_steps_in_episode`` steps. A recurrent policy
+(:func:`make_recurrent_evaluate`) carries its core's state through the loop, zeroed per env after
+the step that ended its episode.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv
 from tianji_jax.envs.registry import EnvSpec
 
-__all__ = ["make_evaluate", "make_policy_evaluate", "EvalResult"]
+__all__ = ["make_evaluate", "make_policy_evaluate", "make_recurrent_evaluate", "EvalResult"]
 
 
 class EvalResult(dict):
@@ -111,33 +113,96 @@ def make_policy_evaluate(spec: EnvSpec, act_fn: Callable, num_episodes: int, cac
         with _LOCK:
             if ("policy", cache_key) in _CACHE:
                 return _CACHE[("policy", cache_key)]
+    evaluate = jax.jit(_episode_loop(spec, lambda params, obs, memory, reset: (act_fn(params, obs), memory),
+                                     num_episodes, None))
+    if cache_key is not None:
+        with _LOCK:
+            _CACHE.setdefault(("policy", cache_key), evaluate)
+            return _CACHE[("policy", cache_key)]
+    return evaluate
+
+
+def _episode_loop(spec: EnvSpec, act_fn: Callable, num_episodes: int, memory: Any) -> Callable:
+    """``evaluate(params, key) -> (returns (M,) float32, lengths (M,) int32)``, not jitted: ``M`` envs
+    play one episode each with ``act_fn(params, obs, memory, reset) -> (actions, memory)``;
+    ``memory`` (a pytree; None for a stateless policy) starts as given and ``reset (M,)`` bool is
+    True where the env's previous step ended an episode (all False at the start)."""
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     env = GymnaxVecEnv(spec, num_episodes)
     max_steps = spec.max_episode_steps
 
-    @jax.jit
     def evaluate(params: Any, key: jax.Array):
         key, k_reset = jax.random.split(key)
         env_state, obs = env.reset(k_reset)
 
         def cond(carry):
-            *_, finished, _, _, t = carry
+            *_, finished, _, _, t = carry[0]
             return (~jnp.all(finished)) & (t < max_steps)  # at most max_steps_in_episode steps
 
         def body(carry):
-            env_state, obs, key, finished, returns, lengths, t = carry
+            (env_state, obs, key, finished, returns, lengths, t), (mem, reset) = carry
             key, k_step = jax.random.split(key)
-            env_state, ts = env.step(k_step, env_state, act_fn(params, obs))
+            action, mem = act_fn(params, obs, mem, reset)
+            env_state, ts = env.step(k_step, env_state, action)
             returns = jnp.where(finished, returns, returns + ts.reward)
             lengths = jnp.where(finished, lengths, lengths + 1)
-            return env_state, ts.obs, key, finished | ts.done, returns, lengths, t + 1
+            return (env_state, ts.obs, key, finished | ts.done, returns, lengths, t + 1), (mem, ts.done)
 
         carry = (env_state, obs, key, jnp.zeros((num_episodes,), bool), jnp.zeros((num_episodes,), jnp.float32),
                  jnp.zeros((num_episodes,), jnp.int32), jnp.zeros((), jnp.int32))
-        _, _, _, _, returns, lengths, _ = jax.lax.while_loop(cond, body, carry)
+        (_, _, _, _, returns, lengths, _), _ = jax.lax.while_loop(
+            cond, body, (carry, (memory, jnp.zeros((num_episodes,), bool))))
         return returns, lengths
+
+    return evaluate
+
+
+def make_recurrent_evaluate(spec: EnvSpec, step_fn: Callable, initial_carry: Callable, continuous: bool,
+                            num_episodes: int, normalize_observations: bool, cache_key: Any = None) -> Callable:
+    """:func:`make_evaluate` for a recurrent policy: a jitted ``evaluate(params, obs_rms, key) ->
+    (returns (M,) float32, lengths (M,) int32)`` whose deterministic policy carries the core's state
+    through each episode (from ``initial_carry(M)``), zeroed for an env after the step that ended its
+    episode (each env plays one episode, so this matters only for what follows it).
+
+    Args:
+        spec: the resolved gymnax env.
+        step_fn: ``step_fn(params, carry, obs (M, *obs_shape) float32, reset (M,) bool) -> (carry,
+            actor_out, value)`` (e.g. :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.apply_step`).
+        initial_carry: ``initial_carry(M)`` -> the zero carry of ``M`` envs.
+        continuous: Gaussian policy (the mean, clipped to the Box bounds) if True, else the argmax.
+        num_episodes: ``M >= 1`` episodes, one per evaluation env.
+        normalize_observations: normalise with ``obs_rms`` (frozen: read, never updated).
+        cache_key: hashable key; equal keys return the same compiled function.
+
+    Raises:
+        ValueError: ``num_episodes < 1`` or an env without ``max_steps_in_episode``.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if cache_key is not None:
+        with _LOCK:
+            if ("recurrent", cache_key) in _CACHE:
+                return _CACHE[("recurrent", cache_key)]
+    if continuous:
+        low = jnp.asarray(spec.action_space.low, jnp.float32)
+        high = jnp.asarray(spec.action_space.high, jnp.float32)
+
+    def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array, carry: Any, reset: jax.Array):
+        params, obs_rms = params_and_rms
+        obs_in = obs_rms.normalize(obs) if normalize_observations else obs.astype(jnp.float32)
+        carry, actor_out, _ = step_fn(params, carry, obs_in, reset)
+        action = distributions.mode(actor_out, continuous)
+        return (jnp.clip(action, low, high) if continuous else action), carry
+
+    episodes = _episode_loop(spec, act, num_episodes, initial_carry(num_episodes))
+
+    @jax.jit
+    def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
+        return episodes((params, obs_rms), key)
 
     if cache_key is not None:
         with _LOCK:
-            _CACHE.setdefault(("policy", cache_key), evaluate)
-            return _CACHE[("policy", cache_key)]
+            _CACHE.setdefault(("recurrent", cache_key), evaluate)
+            return _CACHE[("recurrent", cache_key)]
     return evaluate

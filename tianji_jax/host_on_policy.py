@@ -17,7 +17,7 @@ import numpy as np
 from tianji_jax import host_loop  # its functions looked up at call time, where tests patch them
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.algos.registry import agent_class_for, algorithm_for
-from tianji_jax.evaluation import EvalResult, make_evaluate
+from tianji_jax.evaluation import EvalResult, make_evaluate, make_recurrent_evaluate
 from tianji_jax.profiling import timed
 from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
@@ -30,7 +30,14 @@ __all__ = ["on_policy_evaluator", "train_on_policy", "on_policy_row", "run_async
 def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_episodes: int):
     """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` of ``config`` on
     ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
-    ``trainer``'s network; compiled once per config and episode count."""
+    ``trainer``'s network; compiled once per config and episode count. A recurrent agent's policy
+    carries its core's state through each episode (:func:`~tianji_jax.evaluation.make_recurrent_evaluate`;
+    gymnax envs only, as its config requires)."""
+    agent = trainer.agent
+    if agent.recurrent:
+        return make_recurrent_evaluate(config.env_spec, agent.apply_step, agent.initial_carry, agent.continuous,
+                                       num_episodes, config.normalize_observations,
+                                       cache_key=(compile_key(config), num_episodes))
     if config.env_spec.on_host:  # envpool / gymnasium: episodes on a separate host env
         from tianji_jax.runtime.host_actor import make_host_evaluate
 

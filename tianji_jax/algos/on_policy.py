@@ -22,11 +22,14 @@ from flax import struct
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 
-__all__ = ["ActorState", "LearnerState", "OnPolicyAgent", "TRAJECTORY_KEYS"]
+__all__ = ["ActorState", "LearnerState", "OnPolicyAgent", "TRAJECTORY_KEYS", "RECURRENT_TRAJECTORY_KEYS"]
 
 TRAJECTORY_KEYS = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "done", "final_obs",
                    "episode_return", "episode_length", "policy_version", "last_obs")
 """The keys of an on-policy trajectory (:meth:`OnPolicyAgent.rollout`; host actors' chunker makes the same)."""
+
+RECURRENT_TRAJECTORY_KEYS = ("hidden_init", "reset")
+"""The keys a recurrent agent's trajectory has besides :data:`TRAJECTORY_KEYS` (see :meth:`OnPolicyAgent.rollout`)."""
 
 
 @struct.dataclass
@@ -39,6 +42,11 @@ class ActorState:
         key: the actor's PRNG key (action sampling, env steps).
         obs_rms: running observation statistics (updated only with observation normalisation).
         reward_scaler: discounted-return statistics (updated only with reward scaling).
+        hidden: recurrent agents: the core's carry before the next step (leaves float32 ``(N, H)``,
+            see :func:`~tianji_jax.recurrent.initial_carry`); None otherwise (no leaves: the state's
+            leaf paths are those of a feed-forward agent).
+        last_done: recurrent agents: ``(N,)`` bool, the env's last step ended an episode (its carry
+            is zeroed before the next step); None otherwise.
     """
 
     env_state: VecEnvState
@@ -46,6 +54,8 @@ class ActorState:
     key: jax.Array
     obs_rms: RunningMeanStd
     reward_scaler: RewardScaler
+    hidden: Any = None
+    last_done: Any = None
 
 
 @struct.dataclass
@@ -76,13 +86,19 @@ class OnPolicyAgent:
     ``done`` (bool), ``final_obs`` (the true next observation: before auto-reset where an episode
     ended), ``episode_return`` / ``episode_length`` (of episodes that ended, else 0) and
     ``policy_version`` (int32, the version the actor acted with); plus ``last_obs``
-    ``(N, *obs_shape)`` (:data:`TRAJECTORY_KEYS`).
+    ``(N, *obs_shape)`` (:data:`TRAJECTORY_KEYS`). A recurrent agent's (``recurrent`` True) also has
+    ``hidden_init``, the core's carry at the rollout's start (leaves ``(N, H)``), and ``reset``
+    ``(T, N)`` bool, where the carry was zeroed before step ``t`` (the env's previous step ended an
+    episode) (:data:`RECURRENT_TRAJECTORY_KEYS`; CleanRL's ``ppo_atari_lstm`` / PureJaxRL's ``ppo_rnn``).
 
     Attributes:
         config: the algorithm's config (an :class:`~tianji_jax.algos.on_policy_config.OnPolicyConfig`).
         spec: its resolved env.
         continuous: the action space is a Box.
         env: the gymnax vector env (None for host envs, which live in each host actor).
+        recurrent: the config's ``recurrent`` is not ``'none'``: the agent implements
+            :meth:`initial_carry`, :meth:`apply_step` and :meth:`policy_step`, and the actor carries
+            the core's state (Anakin runtime, gymnax envs).
         ROW_METRICS: learn metrics averaged into a ``metrics.csv`` row (names of
             :data:`~tianji_jax.results.METRIC_COLUMNS`).
     """
@@ -94,6 +110,7 @@ class OnPolicyAgent:
         spec = config.env_spec
         self.continuous = spec.action_kind == "continuous"
         self.spec = spec
+        self.recurrent = getattr(config, "recurrent", "none") != "none"
         self.env = GymnaxVecEnv(spec, config.num_envs) if not spec.on_host else None  # host envs: per actor
         if self.continuous:
             self._low = jnp.asarray(spec.action_space.low, jnp.float32)
@@ -118,6 +135,22 @@ class OnPolicyAgent:
 
     def init_learner(self, key: jax.Array) -> LearnerState:
         """Initialise params and optimizer; version 0."""
+        raise NotImplementedError
+
+    def initial_carry(self, batch: int) -> Any:
+        """Recurrent agents: the zero carry of ``batch`` envs (leaves float32 ``(batch, H)``)."""
+        raise NotImplementedError
+
+    def apply_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
+        """Recurrent agents: one network step ``(carry, obs (B, *obs_shape) float32, reset (B,) bool)
+        -> (carry, actor_out, value (B,))``, the carry zeroed first where ``reset``; evaluation takes
+        ``distributions.mode(actor_out, continuous)``."""
+        raise NotImplementedError
+
+    def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
+                    version: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:
+        """Recurrent agents' :meth:`policy`: ``(carry, env_action, action, log_prob (B,), value (B,))``
+        from the carry, ``obs`` and ``reset`` as in :meth:`apply_step`."""
         raise NotImplementedError
 
     def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
@@ -155,8 +188,10 @@ class OnPolicyAgent:
         """Reset the actor's envs; ``key`` becomes its PRNG stream."""
         key, k_env = jax.random.split(key)
         env_state, obs = self.env.reset(k_env)
+        n = self.config.num_envs
+        recurrent = (self.initial_carry(n), jnp.zeros((n,), bool)) if self.recurrent else (None, None)
         return ActorState(env_state, obs, key, RunningMeanStd.create(self.env.observation_space.shape),
-                          RewardScaler.create(self.config.num_envs))
+                          RewardScaler.create(n), *recurrent)
 
     def rollout(self, params: Any, version: jax.Array, actor: ActorState) -> tuple[ActorState, dict]:
         """``T = num_steps`` steps of the actor's ``N`` envs with ``params`` (stamped ``version``).
@@ -173,18 +208,26 @@ class OnPolicyAgent:
             ``reward``, ``episode_return`` float32, ``episode_length`` / ``policy_version`` int32,
             ``terminated`` / ``truncated`` / ``done`` bool, all ``(T, N)``; ``obs`` / ``final_obs``
             ``(T, N, *obs_shape)`` (float32 when normalised); ``last_obs`` ``(N, *obs_shape)``.
+            Recurrent agents add ``hidden_init`` (``actor.hidden``) and ``reset`` ``(T, N)`` bool
+            (the ``last_done`` each step started from); their new actor carries the core's state.
         """
         cfg = self.config
+        recurrent = self.recurrent
 
         def step(carry, _):
-            env_state, obs, key, obs_rms, scaler = carry
+            (env_state, obs, key, obs_rms, scaler), memory = carry
             key, k_act, k_env = jax.random.split(key, 3)
             if cfg.normalize_observations:
                 obs_rms = obs_rms.update(obs)
                 obs_in = obs_rms.normalize(obs)
             else:
                 obs_in = obs
-            env_action, action, log_prob, value = self.policy(params, obs_in, k_act, version)
+            if recurrent:
+                hidden, last_done = memory
+                hidden, env_action, action, log_prob, value = self.policy_step(params, hidden, obs_in, last_done,
+                                                                               k_act, version)
+            else:
+                env_action, action, log_prob, value = self.policy(params, obs_in, k_act, version)
             env_state, ts = self.env.step(k_env, env_state, env_action)
             reward = ts.reward
             if cfg.scale_rewards:
@@ -196,11 +239,19 @@ class OnPolicyAgent:
                 "episode_return": ts.episode_return, "episode_length": ts.episode_length,
                 "policy_version": jnp.full(ts.reward.shape, version, jnp.int32),
             }
-            return (env_state, ts.obs, key, obs_rms, scaler), transition
+            if recurrent:
+                transition["reset"] = last_done
+                memory = (hidden, ts.done)
+            return ((env_state, ts.obs, key, obs_rms, scaler), memory), transition
 
-        carry = (actor.env_state, actor.obs, actor.key, actor.obs_rms, actor.reward_scaler)
-        (env_state, obs, key, obs_rms, scaler), traj = jax.lax.scan(step, carry, None, length=cfg.num_steps)
+        memory = (actor.hidden, actor.last_done) if recurrent else None
+        carry = ((actor.env_state, actor.obs, actor.key, actor.obs_rms, actor.reward_scaler), memory)
+        ((env_state, obs, key, obs_rms, scaler), memory), traj = jax.lax.scan(step, carry, None,
+                                                                               length=cfg.num_steps)
         traj["last_obs"] = obs_rms.normalize(obs) if cfg.normalize_observations else obs
+        if recurrent:
+            traj["hidden_init"] = actor.hidden
+            return ActorState(env_state, obs, key, obs_rms, scaler, *memory), traj
         return ActorState(env_state, obs, key, obs_rms, scaler), traj
 
 

@@ -38,8 +38,10 @@ class OnPolicyConfig(_AgentConfig):
     Raises:
         ValueError: a value outside its allowed range, an unknown env id (with the closest known
             ids), an action space the algorithm cannot handle, an unsupported (runtime, actors,
-            learners, env) cell, or ``num_envs * num_steps`` not divisible by
-            ``num_minibatches``. The message names the field, the value and what is allowed.
+            learners, env) cell, ``num_envs * num_steps`` not divisible by ``num_minibatches``, or a
+            recurrent network (``recurrent`` not ``'none'``) with ``runtime='async'``, a host env, or
+            ``num_minibatches`` not dividing ``num_envs``. The message names the field, the value and
+            what is allowed.
         TypeError: a scalar of the wrong type (a whole float such as ``1e6`` in an int field
             becomes an int, a list ``hidden_sizes`` a tuple).
     """
@@ -88,6 +90,14 @@ class OnPolicyConfig(_AgentConfig):
     a user torso 'package.module:factory' whose factory() returns a flax nn.Module mapping
     observations (B, *obs_shape) to features (B, F) (the algorithm's heads sit on them; from Python
     the factory itself is accepted too, and config.json stores its import path)."""
+    recurrent: Literal["none", "lstm", "gru"] = "none"
+    """The network's recurrent core between the torso and the heads: 'none' (feed-forward), 'lstm'
+    (Hochreiter & Schmidhuber 1997) or 'gru' (Cho et al. 2014), of rnn_hidden_size units. Its state is
+    carried by the actor, zeroed where an episode ended and stored at each rollout's start; the learner
+    re-runs whole env columns from it (minibatches split the env axis: num_minibatches must divide
+    num_envs). For now Anakin runtime and gymnax envs only."""
+    rnn_hidden_size: int = 128
+    """Units H of the recurrent core (used when recurrent is not 'none'), >= 1."""
     eval_every_env_steps: int = 25_000
     """Evaluate every this many env steps (rounded to whole updates); also the logging interval."""
     eval_episodes: int = 10
@@ -205,6 +215,7 @@ class OnPolicyConfig(_AgentConfig):
                 f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
                 f"{self.num_envs} * {self.num_steps} = {self.batch_size}; allowed values: "
                 f"{_divisors(self.batch_size)}")
+        _check_recurrent(self)
         self._check_fields()
         if self.total_env_steps < self.batch_size:
             raise ValueError(
@@ -214,6 +225,9 @@ class OnPolicyConfig(_AgentConfig):
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
         self._check_env(spec)
+        if self.recurrent != "none" and spec.backend != "gymnax":
+            raise ValueError(f"recurrent={self.recurrent!r} needs a gymnax env (the Anakin runtime), got env "
+                             f"{self.env!r} on backend {spec.backend!r}; allowed: recurrent='none' with this env")
         _check_torso(self, tuple(spec.observation_shape))
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         _check_int("num_processes", self.num_processes, minimum=1)
@@ -313,6 +327,11 @@ class OnPolicyConfig(_AgentConfig):
                 f"chunks of {self.updates_per_chunk} updates"
                 + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else ""))
 
+    def _describe_network(self) -> str:
+        """The recurrent core's part of ``describe()``: empty when feed-forward, else e.g.
+        ``" -> LSTM(128)"`` (it follows the torso text)."""
+        return "" if self.recurrent == "none" else f" -> {self.recurrent.upper()}({self.rnn_hidden_size})"
+
     def _describe_runtime(self) -> str:
         """The runtime part of ``describe()``: Anakin or the async runtime, Ray, groups, processes."""
         return ((f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
@@ -324,6 +343,31 @@ class OnPolicyConfig(_AgentConfig):
                 + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
                    f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
                    f"{self.global_batch_size}" if self.num_processes > 1 else ""))
+
+
+_RECURRENT = ("none", "lstm", "gru")
+
+
+def _check_recurrent(config: OnPolicyConfig) -> None:
+    """``recurrent`` and ``rnn_hidden_size``, and what a recurrent run needs for now: the Anakin
+    runtime (the async trajectory queue and host actors do not carry the core's state yet) and
+    ``num_minibatches`` dividing ``num_envs`` (recurrent minibatches are whole env columns).
+
+    Raises:
+        ValueError / TypeError: one line naming the field, the value and what is allowed.
+    """
+    if config.recurrent not in _RECURRENT:
+        raise ValueError(f"recurrent must be one of {_RECURRENT}, got {config.recurrent!r}")
+    _check_int("rnn_hidden_size", config.rnn_hidden_size, minimum=1)
+    if config.recurrent == "none":
+        return
+    if config.runtime != "anakin":
+        raise ValueError(f"recurrent={config.recurrent!r} needs runtime='anakin', got runtime={config.runtime!r}: the "
+                         "async runtime's trajectory queue and host actors do not carry the recurrent state yet")
+    if config.num_envs % config.num_minibatches:
+        raise ValueError(f"num_minibatches={config.num_minibatches} must divide num_envs={config.num_envs} with "
+                         f"recurrent={config.recurrent!r} (each minibatch is whole env columns); allowed values: "
+                         f"{_divisors(config.num_envs)}")
 
 
 def _divisors(n: int) -> list[int]:

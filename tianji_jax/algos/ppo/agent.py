@@ -18,13 +18,16 @@ from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metr
 from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.algos.ppo.math import PPOBatch, gae, make_optimizer, ppo_update, vtrace
 from tianji_jax.networks import ActorCritic, check_network, resolve_torso
+from tianji_jax.recurrent import RecurrentActorCritic, initial_carry
 
 __all__ = ["PPOAgent", "make_network"]
 
 
-def make_network(config: PPOConfig) -> ActorCritic:
+def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
     """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box), its torso
-    chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`).
+    chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`);
+    with ``config.recurrent`` ``'lstm'`` / ``'gru'`` the :class:`~tianji_jax.recurrent.RecurrentActorCritic`
+    of that torso and a core of ``config.rnn_hidden_size`` units.
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
@@ -36,7 +39,11 @@ def make_network(config: PPOConfig) -> ActorCritic:
     shape = tuple(spec.observation_shape)
     network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
                           activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape)
-    check_network(network, shape, spec.observation_space.dtype)
+    check_network(network, shape, spec.observation_space.dtype)  # the recurrent network's torso is the same
+    if config.recurrent != "none":
+        return RecurrentActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
+                                    activation=config.activation, torso=network.torso, obs_shape=shape,
+                                    cell=config.recurrent, rnn_hidden_size=config.rnn_hidden_size)
     return network
 
 
@@ -45,7 +52,10 @@ class PPOAgent(OnPolicyAgent):
 
     Acting samples the categorical / Gaussian policy (``log_prob`` and ``value`` of the
     trajectory are the behaviour policy's); :meth:`learn` is one PPO update (Schulman et al.
-    2017) with GAE (Schulman et al. 2016) or V-trace (Espeholt et al. 2018).
+    2017) with GAE (Schulman et al. 2016) or V-trace (Espeholt et al. 2018). With ``config.recurrent``
+    (``'lstm'`` / ``'gru'``) the network is recurrent: the actor carries its state, and each minibatch
+    is a set of whole env columns re-run through the core from the rollout's initial carry
+    (CleanRL's ``ppo_atari_lstm``, PureJaxRL's ``ppo_rnn``).
 
     Raises:
         ValueError: the network cannot take this env's observations (see :func:`make_network`).
@@ -63,8 +73,37 @@ class PPOAgent(OnPolicyAgent):
             config.update_epochs * config.num_minibatches)
 
     def apply(self, params: Any, obs: jax.Array):
-        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))``."""
+        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))`` (feed-forward only).
+
+        Raises:
+            TypeError: the network is recurrent (use :meth:`apply_step`)."""
+        if self.recurrent:
+            raise TypeError("a recurrent network needs its carry: use apply_step(params, carry, obs, reset)")
         return self.network.apply(params, obs)
+
+    def initial_carry(self, batch: int) -> Any:
+        """The zero carry of ``batch`` envs: ``(c, h)`` (LSTM) or ``h`` (GRU), float32 ``(batch, H)``."""
+        return initial_carry(self.config.recurrent, batch, self.config.rnn_hidden_size)
+
+    def apply_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array):
+        """One recurrent step: ``(carry, obs (B, *obs_shape), reset (B,) bool) -> (carry, actor_out,
+        value (B,))``, the carry zeroed first where ``reset``."""
+        return self.network.apply(params, carry, obs, reset)
+
+    def apply_sequence(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array):
+        """``T`` recurrent steps (:meth:`~tianji_jax.recurrent.RecurrentActorCritic.sequence`):
+        ``obs (T, B, *obs_shape)``, ``reset (T, B)`` -> ``(carries (T, B, H) leaves, actor_out (T, B, ...),
+        value (T, B))``."""
+        return self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
+
+    def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
+                    version: jax.Array):
+        """Sample the recurrent policy: ``(carry, env_action, action, log_prob (B,), value (B,))`` as
+        :meth:`policy`, after one :meth:`apply_step`."""
+        carry, actor_out, value = self.apply_step(params, carry, obs, reset)
+        action = distributions.sample(key, actor_out, self.continuous)
+        log_prob = distributions.log_prob(actor_out, action, self.continuous)
+        return carry, self.env_action(action), action, log_prob, value
 
     def policy(self, params: Any, obs: jax.Array, key: jax.Array, version: jax.Array):
         """Sample the policy: ``(env_action, action, log_prob (B,), value (B,))``; ``env_action``
@@ -85,7 +124,10 @@ class PPOAgent(OnPolicyAgent):
         """Initialise params and optimizer; version 0."""
         key, k_net = jax.random.split(key)
         dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
-        params = self.network.init(k_net, dummy)
+        if self.recurrent:
+            params = self.network.init(k_net, self.initial_carry(1), dummy, jnp.zeros((1,), bool))
+        else:
+            params = self.network.init(k_net, dummy)
         return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
 
     def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
@@ -104,6 +146,8 @@ class PPOAgent(OnPolicyAgent):
         ``advantage_estimator='vtrace'`` the advantages and value targets come from
         :func:`~tianji_jax.algos.ppo.vtrace` (rho_bar = c_bar = 1, traces scaled by ``gae_lambda``)
         with the importance ratios of the learner's current policy over the behaviour policy.
+        A recurrent network's update (Anakin only, ``axis_name`` None) is :meth:`_learn_recurrent`:
+        the same estimators on V recomputed through the core, minibatches of whole env columns.
         Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
         ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
 
@@ -119,6 +163,8 @@ class PPOAgent(OnPolicyAgent):
             ``episode_count``, ``policy_lag_max`` (int32), the :func:`~tianji_jax.algos.ppo.ppo_loss`
             metrics and ``grad_norm``.
         """
+        if self.recurrent:
+            return self._learn_recurrent(learner, traj)
         cfg = self.config
         t, n = traj["reward"].shape
         flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
@@ -148,4 +194,57 @@ class PPOAgent(OnPolicyAgent):
             axis_name=axis_name)
         metrics = episode_metrics(traj, learner.version, axis_name)
         metrics.update(loss_metrics)  # already averaged (skips: already global) over the axis by ppo_update
+        return LearnerState(params, opt_state, key, learner.version + 1), metrics
+
+    def _learn_recurrent(self, learner: LearnerState, traj: dict) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """:meth:`learn` for a recurrent network (Anakin, one learner).
+
+        V is recomputed as in the feed-forward case, here by re-running the trajectory through the
+        core from ``hidden_init`` with the stored ``reset`` flags: ``V(s_t)`` from each step,
+        ``last_value`` one step further (on ``last_obs``, reset where the last step ended an
+        episode), and V of each ``final_obs`` one step on from the carry after its step (no reset:
+        the true next observation of the same episode; used where ``truncated``). The PPO update
+        then runs on the env-major batch: leaves ``(N, T, ...)`` and the initial carry ``(N, H)``,
+        so :func:`~tianji_jax.algos.ppo.ppo_update`'s permutation and minibatches of
+        ``N / num_minibatches`` rows are whole env columns, each re-run from its initial carry.
+        """
+        cfg = self.config
+        t, n = traj["reward"].shape
+        params = learner.params
+        carries, actor_out, values = self.apply_sequence(params, traj["hidden_init"], traj["obs"], traj["reset"])
+        _, _, last_value = self.apply_step(params, jax.tree.map(lambda c: c[-1], carries), traj["last_obs"],
+                                           traj["done"][-1])
+        flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
+        _, _, final_values = self.apply_step(params, jax.tree.map(flat, carries), flat(traj["final_obs"]),
+                                             jnp.zeros((t * n,), bool))
+        final_values = final_values.reshape((t, n))
+        if cfg.advantage_estimator == "vtrace":
+            log_rhos = distributions.log_prob(actor_out, traj["action"], self.continuous) - traj["log_prob"]
+            advantages, returns = vtrace(traj["reward"], values, last_value, final_values, traj["terminated"],
+                                         traj["truncated"], log_rhos, cfg.gamma, cfg.gae_lambda)
+        else:
+            advantages, returns = gae(traj["reward"], values, last_value, final_values, traj["terminated"],
+                                      traj["truncated"], cfg.gamma, cfg.gae_lambda)
+        env_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  (T, N, ...) <-> (N, T, ...)
+        batch = PPOBatch(obs={"obs": env_major(traj["obs"]), "reset": env_major(traj["reset"]),
+                              "hidden": traj["hidden_init"]},
+                         actions=env_major(traj["action"]), log_probs=env_major(traj["log_prob"]),
+                         values=env_major(values), advantages=env_major(advantages), returns=env_major(returns))
+
+        def apply_columns(p: Any, columns: dict) -> tuple[Any, jax.Array]:
+            # env-major columns (n, T, ...) from their initial carries -> outputs (n, T, ...)
+            _, out, value = self.apply_sequence(p, columns["hidden"], env_major(columns["obs"]),
+                                                env_major(columns["reset"]))
+            out = (env_major(out[0]), out[1]) if self.continuous else env_major(out)
+            return out, env_major(value)
+
+        key, k_update = jax.random.split(learner.key)
+        params, opt_state, loss_metrics = ppo_update(
+            k_update, params, learner.opt_state, batch, apply_fn=apply_columns, tx=self.tx,
+            update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
+            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
+                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
+                             normalize_advantages=cfg.normalize_advantages))
+        metrics = episode_metrics(traj, learner.version)
+        metrics.update(loss_metrics)
         return LearnerState(params, opt_state, key, learner.version + 1), metrics

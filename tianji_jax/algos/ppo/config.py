@@ -81,5 +81,5 @@ class PPOConfig(OnPolicyConfig):
     def describe(self) -> str:
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""
         spec = self.env_spec
-        return (f"PPO on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}, "
+        return (f"PPO on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}{self._describe_network()}, "
                 f"action {spec.action_space!r}): " + self._describe_sizes() + self._describe_runtime())

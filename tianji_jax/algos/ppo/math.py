@@ -147,8 +147,14 @@ def vtrace(
 class PPOBatch:
     """A flat batch of ``B`` transitions for the PPO loss.
 
+    A recurrent agent's batch is ``B`` env columns instead (leaves ``(B, T, ...)``, ``obs`` a dict of
+    the columns' observations, reset flags and initial carries that its ``apply_fn`` re-runs; see
+    :meth:`~tianji_jax.algos.ppo.agent.PPOAgent.learn`): every function here only permutes and
+    splits the leading axis, so minibatches are then whole env columns.
+
     Attributes:
-        obs: ``(B, *obs_shape)`` observations as the policy saw them (normalised if enabled).
+        obs: ``(B, *obs_shape)`` observations as the policy saw them (normalised if enabled), or any
+            pytree with leading axis ``B`` that ``apply_fn`` takes.
         actions: ``(B,)`` int32 or ``(B, A)`` float32 (unclipped samples).
         log_probs: ``(B,)`` float32 behaviour-policy log-probabilities.
         values: ``(B,)`` float32 value estimates at acting time (for value clipping).
