@@ -108,6 +108,25 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a bool (True/False), got {value!r}")
 
 
+def _check_shared(config: Any) -> None:
+    """The checks every algorithm's config shares (one line naming the field each): the optimizer's
+    ``learning_rate`` / ``max_grad_norm`` (> 0) and ``gamma`` (in [0, 1]), ``hidden_sizes`` (a
+    non-empty tuple of positive ints), ``activation``, and ``stop_at_return`` (a number, needing
+    ``eval_episodes >= 1``)."""
+    _check_float("learning_rate", config.learning_rate, low=0.0, low_open=True)
+    _check_float("max_grad_norm", config.max_grad_norm, low=0.0, low_open=True)
+    _check_float("gamma", config.gamma, low=0.0, high=1.0)
+    if (not isinstance(config.hidden_sizes, tuple) or len(config.hidden_sizes) == 0
+            or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in config.hidden_sizes)):
+        raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {config.hidden_sizes!r}")
+    if config.activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {config.activation!r}")
+    if config.stop_at_return is not None:
+        _check_float("stop_at_return", config.stop_at_return)
+        if config.eval_episodes == 0:
+            raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
+
+
 def _torso_text(config: Any) -> str:
     """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.resolve_torso`)."""
     from tianji_jax.networks import resolve_torso, torso_path

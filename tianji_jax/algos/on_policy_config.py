@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.config_base import (_ACTIVATIONS, _AgentConfig, _check_bool, _check_float, _check_int,
+from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared,
                                     _check_torso, _plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
@@ -175,21 +175,9 @@ class OnPolicyConfig(_AgentConfig):
         _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
         _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
-        _check_float("learning_rate", self.learning_rate, low=0.0, low_open=True)
-        _check_float("gamma", self.gamma, low=0.0, high=1.0)
-        _check_float("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
         for name in ("anneal_lr", "normalize_observations", "scale_rewards"):
             _check_bool(name, getattr(self, name))
-        if (not isinstance(self.hidden_sizes, tuple) or len(self.hidden_sizes) == 0
-                or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden_sizes)):
-            raise ValueError(
-                f"hidden_sizes must be a non-empty tuple of positive ints, got {self.hidden_sizes!r}")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
-        if self.stop_at_return is not None:
-            _check_float("stop_at_return", self.stop_at_return)
-            if self.eval_episodes == 0:
-                raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
+        _check_shared(self)
         if self.runtime not in ("anakin", "async"):
             raise ValueError(f"runtime must be one of ('anakin', 'async'), got {self.runtime!r}")
         if self.schedule not in ("sync", "one_step", "relaxed"):
