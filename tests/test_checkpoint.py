@@ -278,6 +278,20 @@ def test_keeps_latest_and_best(tmp_path):
     assert set(steps) == {best, config.env_steps}
 
 
+def test_a_resumed_run_keeps_the_best_checkpoint_of_the_interrupted_one(tmp_path):
+    """The best checkpoint saved before an interruption survives the resumed run's saves (its
+    eval return is stored with it and read back when the directory is reopened)."""
+    state = {"w": np.zeros(3, np.float32)}
+    first = RunCheckpointer(tmp_path, keep_checkpoints=2, keep_best_checkpoints=1, async_save=False)
+    for step, ret in ((1000, 50.0), (2000, 10.0), (3000, 20.0)):
+        first.save(step, state, {"rows": []}, eval_return=ret)
+    first.close()
+    resumed = RunCheckpointer(tmp_path, keep_checkpoints=2, keep_best_checkpoints=1, async_save=False)
+    resumed.save(4000, state, {"rows": []}, eval_return=30.0)
+    resumed.close()
+    assert RunCheckpointer(tmp_path, read_only=True).steps() == [1000, 3000, 4000]
+
+
 def test_checkpoint_interval_and_sync_saving(tmp_path):
     config = tj.PPOConfig(**{**PPO, "eval_every_env_steps": 4 * 32, "eval_episodes": 0})  # 8 chunks of 128
     with pytest.raises(Interrupt):

@@ -248,3 +248,17 @@ def test_learner_groups_quick(tmp_path):
     assert (df["consumed_env_sps"] > 0).all() and (df["consumed_over_produced"] <= 1.01).all()
     assert df.loc[df["num_learner_groups"] == 1, "sps_over_1"].eq(1).all()
     assert all(math.isnan(v) or 0 < v <= 30_720 for v in df["steps_to_threshold"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_relaxed_effect_quick(tmp_path):
+    """The relaxed-effect experiment end to end at r = 1 (1 seed, 20k env steps): its latency-wrapped
+    envpool runs for the three schedules, the lag contract, and the outputs it commits."""
+    _run_quick("relaxed_effect.py", tmp_path, budget_s=120.0)
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(df["schedule"]) == ["one_step", "relaxed", "sync"]
+    assert (tmp_path / "relaxed_effect.png").stat().st_size > 0
+    assert (df["policy_lag_max"] <= df["max_policy_lag"]).all()  # the lag contract holds for every schedule
+    assert (df.loc[df["schedule"] == "sync", "policy_lag_max"] == 0).all()
+    assert (df["r_measured"] > 0).all() and df["final_eval_return"].between(0, 500).all()

@@ -152,3 +152,24 @@ def test_sac_solves_gymnax_pendulum_in_anakin():
     result = tj.train(config, progress=False)
     print(np.c_[result.curve["env_steps"], result.curve["eval_return_mean"], result.curve["alpha"]])
     assert result.stopped_early and result.curve["eval_return_mean"][-1] >= -250.0
+
+
+def test_action_spaces_sac_cannot_learn_are_refused():
+    """A Box of rank 2 and a Box with an empty range (low == high) are refused before training
+    (the empty range made every log-probability infinite)."""
+    import jax.numpy as jnp
+    from gymnax.environments import spaces
+    from gymnax.environments.classic_control.pendulum import Pendulum
+
+    class MatrixBox(Pendulum):
+        def action_space(self, params=None):
+            return spaces.Box(-1.0, 1.0, (1, 1), jnp.float32)
+
+    class EmptyRange(Pendulum):
+        def action_space(self, params=None):
+            return spaces.Box(1.0, 1.0, (1,), jnp.float32)
+
+    with pytest.raises(ValueError, match=r"env: SAC needs a 1-D Box action space \(A,\), got shape \(1, 1\)"):
+        tj.SACConfig(env=MatrixBox())
+    with pytest.raises(ValueError, match=r"env: SAC needs low < high in every action dimension"):
+        tj.SACConfig(env=EmptyRange())

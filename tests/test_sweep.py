@@ -92,9 +92,10 @@ def test_stop_at_return_stops_members_one_by_one():
     ({"gamma": [0.9]}, [-1], r"seed must be >= 0"),
 ])
 def test_bad_grids_are_refused_in_one_line_before_compiling(grid, seeds, match, compile_counter):
+    config = tj.PPOConfig(**PPO)
     compile_counter.reset()
     with pytest.raises(ValueError, match=match) as info:
-        tj.sweep(tj.PPOConfig(**PPO), grid, seeds=seeds)
+        tj.sweep(config, grid, seeds=seeds)
     assert "\n" not in str(info.value) and compile_counter.count == 0
 
 
@@ -124,3 +125,15 @@ def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
         assert main(["sweep", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tianji sweep: error: ") and match in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("grid, seeds, match", [
+    ({"seed": [0, 1]}, [0], r"grid\['seed'\]: seeds are not a grid field; pass them as sweep\(config, grid, seeds="),
+    ({"lr": [0.1]}, [0], r"grid fields \['lr'\] are not fields of PPOConfig; allowed: \['learning_rate'"),
+    ({"gamma": 0.9}, [0], r"grid\['gamma'\] must be a non-empty list of values, got 0.9"),
+    ({"gamma": [0.9]}, 3, r"seeds must be a non-empty list of ints in \[0, 2\*\*32\), got 3"),
+])
+def test_misplaced_grid_entries_are_named(grid, seeds, match):
+    with pytest.raises(ValueError, match=match) as info:
+        tj.sweep(tj.PPOConfig(**PPO), grid, seeds=seeds)
+    assert "\n" not in str(info.value)

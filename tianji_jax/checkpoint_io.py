@@ -106,8 +106,13 @@ class RunCheckpointer:
         if multi and not read_only:  # orbax cannot create the root itself with active_processes set
             self.directory.mkdir(parents=True, exist_ok=True)
         with _quiet():
+            # best_fn makes orbax write each checkpoint's metrics to disk and read them back when a
+            # resumed run reopens the directory; without it the best-N policy saw no metrics for the
+            # checkpoints of the interrupted process and deleted the best one at the next save
+            best = dict(best_fn=lambda m: m["eval_return_mean"], best_mode="max") if keep_best_checkpoints else {}
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,
+                **best,
                 create=not read_only and not multi, read_only=read_only, cleanup_tmp_directories=not read_only,
                 **multi)
             self._ocp = ocp

@@ -35,9 +35,10 @@ class SACConfig(ReplayConfig):
     ``tests/test_sac.py`` states the budget in which it solves Pendulum.
 
     Raises:
-        ValueError: as :class:`~tianji_jax.algos.replay_config.ReplayConfig`, a non-Box action
-            space (or one with infinite bounds), ``tau`` outside (0, 1], ``init_alpha <= 0``, or a
-            non-finite ``target_entropy``; the message names the field and what is allowed.
+        ValueError: as :class:`~tianji_jax.algos.replay_config.ReplayConfig`, an action space that
+            is not a 1-D Box with finite bounds and ``low < high``, ``tau`` outside (0, 1],
+            ``init_alpha <= 0``, or a non-finite ``target_entropy``; the message names the field
+            and what is allowed.
         TypeError: a scalar of the wrong type.
         MemoryError: the replay buffer would not fit in free device memory.
     """
@@ -86,6 +87,10 @@ class SACConfig(ReplayConfig):
             _check_float("target_entropy", self.target_entropy)
 
     def _check_action_space(self, spec: EnvSpec) -> None:
+        from tianji_jax.envs.spaces import Box  # noqa: PLC0415
+
+        if isinstance(spec.action_space, Box) and len(spec.action_space.shape) != 1:
+            raise ValueError(f"env: SAC needs a 1-D Box action space (A,), got shape {spec.action_space.shape}")
         if spec.action_kind != "continuous":
             raise ValueError(f"env: SAC needs a Box (continuous) action space, got {spec.action_space!r}; "
                              "for Discrete actions use algo 'dqn' or 'pqn'")
@@ -95,6 +100,9 @@ class SACConfig(ReplayConfig):
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise ValueError(f"env: SAC rescales actions to the Box bounds, which must be finite; got low={low}, "
                              f"high={high} (wrap the env so that its Box is bounded)")
+        if not np.all(low < high):
+            raise ValueError(f"env: SAC needs low < high in every action dimension (an empty range leaves no action "
+                             f"to learn), got low={low}, high={high}")
 
     def derived_extra(self) -> dict[str, Any]:
         """``target_entropy_value`` (the resolved target entropy) for ``config.json``."""
