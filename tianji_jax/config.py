@@ -48,8 +48,8 @@ class CheckpointConfig:
     keep_best_checkpoints: int = 1
     """Also keep the best this many by ``eval_return_mean`` (>= 0); never at the expense of the latest."""
     checkpoint_replay: bool = True
-    """DQN: save the replay buffer's contents (needed to resume; recorded in the checkpoint's metadata).
-    Without it a checkpoint serves evaluation and ``load`` but not ``--resume``."""
+    """Replay algorithms (DQN family, SAC): save the replay buffer's contents (needed to resume;
+    recorded in the checkpoint's metadata). Without it a checkpoint serves evaluation and ``load`` but not ``--resume``."""
     async_checkpointing: bool = True
     """Write checkpoints in a background thread (the host loop only waits for the device-to-host copy)."""
 
