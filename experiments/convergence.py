@@ -10,14 +10,17 @@ reaches the threshold, and the evaluation return at the end of the budget. Evalu
 runner and subtracted (``train_wall_s_to_threshold``, the headline), and also reported included
 (``wall_s_to_threshold``).
 
-Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib)
-and LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
-``LunarLander-v3`` for the peers). Systems: tianji_jax PPO in Anakin mode and on the async runtime
+Rows: CartPole-v1 (threshold 475; gymnax for tianji_jax and rejax, gymnasium for SB3 and RLlib),
+LunarLander (threshold 200; envpool ``LunarLander-v2`` for tianji_jax, gymnasium
+``LunarLander-v3`` for the peers) and, for SAC only, gymnax Pendulum-v1 (threshold -250, evaluation
+every 2,000 env steps, budget 50k env steps; ``--pendulum-cap-s``). Systems: tianji_jax PPO in Anakin mode and on the async runtime
 with each schedule (and in Anakin mode with SB3's tuned CartPole PPO hyper-parameters, ``sb3-hp``),
 tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
 (CartPole only) and ``relaxed`` schedules, tianji_jax PQN in Anakin mode (with its defaults, and on
-CartPole with rejax's tuned PQN hyper-parameters, ``rejax-hp``); Stable-Baselines3, RLlib and rejax
-PPO and DQN, and rejax PQN, each with the hyper-parameters its authors tuned (see the runner
+CartPole with rejax's tuned PQN hyper-parameters, ``rejax-hp``), tianji_jax C51 and QR-DQN in Anakin
+mode on CartPole with the settings of ``tests/test_dqn_distributional.py`` and plain DQN with the same
+settings (``dist-plain``), tianji_jax SAC in Anakin mode on Pendulum; Stable-Baselines3, RLlib and rejax
+PPO and DQN, rejax PQN and rejax SAC (Pendulum), each with the hyper-parameters its authors tuned (see the runner
 scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
 under ``--cache-dir``. A system that cannot run a row (Anakin on a host env, rejax without a
 gymnax LunarLander) is recorded as unsupported with the reason; a peer whose
@@ -37,6 +40,7 @@ convergence.png, machine.json}``.
     python experiments/convergence.py             # full: all systems, 3 seeds, CartPole then LunarLander
     python experiments/convergence.py --quick     # tianji_jax only, 1 seed, small budgets, CartPole to 200 (tests)
     python experiments/convergence.py --systems "tianji_jax PQN,rejax PQN"   # run only these (outputs: all records)
+    python experiments/convergence.py --systems "dist-plain,C51,QR-DQN,SAC" --pendulum-cap-s 150  # the distributional DQN and SAC rows
 
 (The records of the earlier system ``tianji_jax DQN async``, made before DQN's async runtime had
 schedules, were retired: its runs are redone as ``tianji_jax DQN relaxed``.)
@@ -78,6 +82,7 @@ class Row:
     threshold: float
     eval_every: int
     cap_s: float
+    algos: tuple[str, ...] | None = None  # the algorithms it is for; None: all
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class System:
     def runs_on(self, row: "Row") -> bool:
         """Whether this system has a run on ``row`` (not the same as supported: an unsupported
         system still runs to report the library's reason)."""
-        return self.envs is None or row.name in self.envs
+        return (self.envs is None or row.name in self.envs) and (row.algos is None or self.algo in row.algos)
 
     @property
     def is_tianji(self) -> bool:
@@ -116,13 +121,23 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
           # (the PQN paper's CartPole settings) and with rejax's tuned CartPole PQN: runtime against runtime
           System("tianji_jax PQN anakin", "pqn", "tianji_runner.py", mode="anakin"),
           System("tianji_jax PQN anakin rejax-hp", "pqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
-                 hp="rejax")]
+                 hp="rejax"),
+          # distributional DQN (C51, QR-DQN) with tests/test_dqn_distributional.py's settings, and plain DQN with
+          # the same settings (``dist-plain``): the distributional heads against the expected-value one
+          System("tianji_jax DQN anakin dist-plain", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="dist-plain"),
+          System("tianji_jax C51 anakin", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",), hp="c51"),
+          System("tianji_jax QR-DQN anakin", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="qr"),
+          # SAC (Anakin) with SACConfig()'s defaults on gymnax Pendulum-v1
+          System("tianji_jax SAC anakin", "sac", "tianji_runner.py", mode="anakin", envs=("Pendulum-v1",))]
 PEERS = [System("rejax PPO", "ppo", "rejax_runner.py", "rejax"), System("rejax DQN", "dqn", "rejax_runner.py", "rejax"),
          System("rejax PQN", "pqn", "rejax_runner.py", "rejax"),
+         System("rejax SAC", "sac", "rejax_runner.py", "rejax", envs=("Pendulum-v1",)),
          System("SB3 PPO", "ppo", "sb3_runner.py", "sb3"), System("SB3 DQN", "dqn", "sb3_runner.py", "sb3"),
          System("RLlib PPO", "ppo", "rllib_runner.py", "rllib"), System("RLlib DQN", "dqn", "rllib_runner.py", "rllib")]
 
-ALGOS = ("ppo", "dqn", "pqn")  # ratios and "a peer is faster" compare systems of the same algorithm
+ALGOS = ("ppo", "dqn", "pqn", "sac")  # ratios and "a peer is faster" compare systems of the same algorithm
 
 # Virtual environments of the peers: pip steps in order, the import that proves an install, and
 # whether Box2D (LunarLander) is wanted. torch==2.13.0 first: it resolves to the CPU wheel on this
@@ -310,7 +325,14 @@ def summarize_run(r: dict[str, Any]) -> dict[str, Any]:
         "train_env_sps": ((steps[-1] - steps[0]) / ((wall[-1] - eval_s[-1]) - (wall[0] - eval_s[0]))
                           if len(steps) > 1 and wall[-1] - eval_s[-1] > wall[0] - eval_s[0] else math.nan),
         # rejax: its own split of the process (start-up until the algorithm exists, ahead-of-time compilation)
-        "startup_s": r.get("done", {}).get("startup_s", math.nan),
+        # (tianji_jax: also in CONV_INFO, so that capped runs have it; records made before that have it in done only)
+        "startup_s": r.get("done", {}).get("startup_s", info.get("startup_s", math.nan)),
+        # gradient updates per second of training after the first evaluation (replay algorithms whose runner
+        # reports its updates per env step; learning has started by the first evaluation in these rows)
+        "grad_updates_per_s": ((steps[-1] - steps[0]) * float(info["updates_per_env_step"])
+                               / ((wall[-1] - eval_s[-1]) - (wall[0] - eval_s[0]))
+                               if info.get("updates_per_env_step") and len(steps) > 1
+                               and wall[-1] - eval_s[-1] > wall[0] - eval_s[0] else math.nan),
         "compile_s": r.get("done", {}).get("compile_s", math.nan),
         **interval_columns(wall, eval_s, (r.get("done") or {}).get("tail_compile_s")),
     }
@@ -369,7 +391,7 @@ def aggregate(runs: list[dict[str, Any]], systems: list[System], rows: list[Row]
                 res[k + "_min"] = min(finite) if finite else math.nan
                 res[k + "_max"] = max(finite) if finite else math.nan
             for k in ("final_eval_return", "last_eval_return", "first_eval_wall_s", "loadavg_1m", "first_eval_train_s",
-                      "train_env_sps", "startup_s", "compile_s", "interval_s", "tail_compile_start_s",
+                      "train_env_sps", "grad_updates_per_s", "startup_s", "compile_s", "interval_s", "tail_compile_start_s",
                       "tail_compile_window_s", "intervals_tail", "interval_s_tail", "interval_s_no_tail"):
                 vals = [r[k] for r in measured if np.isfinite(r[k])]
                 res[k + "_median"] = C.median(vals)
@@ -435,7 +457,20 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              "`cartpole.yaml` `pqn` section (16 envs x 128 steps, 5 epochs x 16 minibatches, lr 3e-4, epsilon "
              "1 -> 0.05 over 50% of 524,288 env steps, lambda 0.9, LayerNorm MLP 64x64); `tianji_jax PQN anakin "
              "rejax-hp`: the Anakin runtime with those rejax hyper-parameters (runtime against runtime). Each "
-             "system keeps its own tuned budget (column *budget*). See `experiments/peers/*_runner.py`.", ""]
+             "system keeps its own tuned budget (column *budget*). Distributional DQN (CartPole-v1, Anakin): "
+             "`tianji_jax C51 anakin` (`distributional='c51'`, 51 atoms on [0, 100]) and `tianji_jax QR-DQN anakin` "
+             "(`distributional='qr'`, 51 quantiles) with the settings of `tests/test_dqn_distributional.py` "
+             "(`tests/dqn_settings.py` `CARTPOLE_FAST`: 10 envs x 8 steps, replay ratio 0.25, batch 64, lr 1e-3, "
+             "MLP 256-256, Polyak tau 0.005, Double DQN, 3-step targets, buffer 10k, learning from 10k env steps, "
+             "epsilon 1 -> 0.02 over 18,750 env steps) and a budget of 80k env steps (the test's is 150k, stopped at "
+             "475), against `tianji_jax DQN anakin dist-plain`, plain DQN with the same settings. SAC (gymnax "
+             "Pendulum-v1, threshold -250, budget 50k env steps for both): `tianji_jax SAC anakin` with `SACConfig()`'s "
+             "defaults (4 envs, replay ratio 1, batch 256, Adam 3e-4, tau 0.005, MLP 256-256 relu, 1000 uniform random "
+             "warm-up steps, learned temperature); `rejax SAC` with rejax's tuned `configs/gymnax/pendulum.yaml` `sac` "
+             "section (copied from the repository; the 0.1.3 wheel ships no configs: 1 env, batch 256, lr 0.01, one "
+             "update per env step, polyak 0.98, swish MLP 64x64, observation normalization, learning after 256 env "
+             "steps), its budget raised from the yaml's 10k to the row's 50k env steps. "
+             "See `experiments/peers/*_runner.py`.", ""]
     loads = [r["loadavg_1m"] for r in runs if np.isfinite(r["loadavg_1m"])]
     if loads:
         lines += [f"Load average (1 min) at the start of the runs: {min(loads):.1f} to {max(loads):.1f} on 2 cores "
@@ -481,6 +516,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
             lines.append(f"- not run (no record in `records/`): {', '.join(not_run)}")
         lines.append("")
     lines += peer_faster_lines(rows, results) + pqn_lines(rows, results, args.out / "profile") \
+        + sac_lines(rows, results, args.out / "profile") + distributional_lines(rows, results) \
         + profile_lines(args.out / "profile")
     if peer_errors:
         lines += ["Peer installation: " + "; ".join(f"{k}: {v[:300]}" for k, v in peer_errors.items()), ""]
@@ -631,6 +667,108 @@ def pqn_lines(rows: list[Row], results: list[dict[str, Any]], profile_dir: Path)
     return out
 
 
+def _side_by_side(os_: list[dict[str, Any]]) -> list[str]:
+    """A table of ``results.csv`` rows: time and env steps to the threshold, return at the end of the
+    budget (and the last evaluation, which capped runs also have), the split of the time into the time to
+    the first evaluation and the later intervals, gradient updates per second, start-up and compilation."""
+    f1 = lambda v: f"{v:.1f}" if np.isfinite(v) else "-"  # noqa: E731
+    out = ["| system | status | train wall s to threshold | env steps to threshold | return at end | last eval "
+           "return | to first eval (s) | s per interval | gradient updates / s | start-up s | "
+           "compilation s | load 1m |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for o in os_:
+        out.append(f"| {o['system']} | {o['status']} | {fmt_range(o, 'train_wall_s_to_threshold', '{:.1f}')} | "
+                   f"{fmt_range(o, 'steps_to_threshold', '{:,.0f}')} | {fmt_range(o, 'final_eval_return', '{:.0f}')} | "
+                   f"{fmt_range(o, 'last_eval_return', '{:.0f}')} | {fmt_range(o, 'first_eval_train_s', '{:.1f}')} | "
+                   f"{fmt_range(o, 'interval_s', '{:.2f}')} | {fmt_range(o, 'grad_updates_per_s', '{:,.0f}')} | "
+                   f"{f1(o['startup_s_median'])} | {f1(o['compile_s_median'])} | {fmt_range(o, 'loadavg_1m', '{:.1f}')} |")
+    return out
+
+
+def sac_lines(rows: list[Row], results: list[dict[str, Any]], profile_dir: Path) -> list[str]:
+    """``summary.md``'s section on SAC: tianji_jax against rejax on each row with both measured (start-up
+    and compilation of tianji_jax from its ``--profile`` run of seed 0, when there is one)."""
+    out = []
+    f1 = lambda v: f"{v:.1f}" if np.isfinite(v) else "-"  # noqa: E731
+    for row in rows:
+        sac = {o["system"]: o for o in results if o["env"] == row.name and o["algo"] == "sac" and o["seeds"]}
+        tj, rx = sac.get("tianji_jax SAC anakin"), sac.get("rejax SAC")
+        if not (tj and rx):
+            continue
+        never = lambda v, f: f.format(v) if np.isfinite(v) else "never"  # noqa: E731
+        tw, rw = tj["train_wall_s_to_threshold_median"], rx["train_wall_s_to_threshold_median"]
+        ts, rs = tj["steps_to_threshold_median"], rx["steps_to_threshold_median"]
+        tu, ru = tj["grad_updates_per_s_median"], rx["grad_updates_per_s_median"]
+        su, cs = tj["startup_s_median"], math.nan
+        path = profile_dir / (run_key(row.name, tj["system"], 0) + ".json")
+        if path.is_file() and json.loads(path.read_text()).get("profile"):
+            prof = json.loads(path.read_text())["profile"]
+            su, cs = prof["startup_s"], prof["timers"].get("compile_s", {}).get("total", math.nan)
+        text = [f"Median train wall s to {row.threshold:g}: tianji_jax SAC anakin {never(tw, '{:.1f}')}, rejax SAC "
+                f"{never(rw, '{:.1f}')}; env steps {never(ts, '{:,.0f}')} against {never(rs, '{:,.0f}')}; gradient "
+                f"updates per second after the first evaluation {never(tu, '{:,.0f}')} against {never(ru, '{:,.0f}')} "
+                "(one update per env step in both: SACConfig's replay ratio 1, rejax's num_epochs / num_envs = 1)."]
+        if np.isfinite(tw) and np.isfinite(rw):
+            faster = "rejax SAC" if rw < tw else "tianji_jax SAC anakin"
+            d_first = tj["first_eval_train_s_median"] - rx["first_eval_train_s_median"]
+            text.append(f"**{faster}** is faster by {abs(tw - rw):.1f} s (x{max(tw, rw) / min(tw, rw):.2f}). Of "
+                        f"tianji_jax's time minus rejax's ({tw - rw:+.1f} s), {d_first:+.1f} s are spent before the "
+                        f"first evaluation at {row.eval_every:,} env steps ({tj['first_eval_train_s_median']:.1f} s "
+                        f"against {rx['first_eval_train_s_median']:.1f} s; start-up until the algorithm exists "
+                        f"{f1(su)} s against {f1(rx['startup_s_median'])} s, compilation {f1(cs)} s (tianji_jax: its "
+                        f"`--profile` run of seed 0, jax's compile events in every thread; '-': not profiled) against "
+                        f"rejax's ahead-of-time {f1(rx['compile_s_median'])} s) and {(tw - rw) - d_first:+.1f} s after "
+                        "it, at "
+                        f"{tj['interval_s_median']:.2f} against {rx['interval_s_median']:.2f} train s per "
+                        f"{row.eval_every:,}-step interval.")
+        text.append("The two run different hyper-parameters, each its own library's: an update of tianji_jax's "
+                    "256-256 actor and twin critics costs about 15 times the multiply-adds of rejax's 64-64 ones "
+                    "(both batch 256), which sets the gradient updates per second on these CPU cores; rejax's "
+                    "tuned learning rate (0.01 against 3e-4) and observation normalization set its env steps.")
+        capped = [o["system"] for o in (tj, rx) if "capped" in o["status"]]
+        if capped:
+            text.append(f"Runs of {', '.join(capped)} were stopped by the wall cap ({row.cap_s:.0f} s) before the "
+                        "end of the 50k-step budget: their return at the end is missing and *last eval return* is "
+                        "the evaluation before the cap.")
+        out += [f"## SAC: tianji_jax against rejax ({row.name})", "",
+                f"Medians [min..max] over seeds of the measured runs (threshold {row.threshold:g}; *to first eval* = "
+                "train wall s from process start to the first evaluation: start-up, imports, compilation and the "
+                f"first {row.eval_every:,} env steps; *s per interval* = train wall s of each later interval; "
+                "*gradient updates / s* = env steps between the first and the last evaluation times the updates per "
+                "env step, over the train wall s between them; *start-up* = process start to the algorithm's "
+                "creation (tianji_jax: to `train()`), *compilation* = rejax's ahead-of-time compilation of its "
+                "whole program).", "", *_side_by_side([tj, rx]), "", " ".join(text), ""]
+    return out
+
+
+def distributional_lines(rows: list[Row], results: list[dict[str, Any]]) -> list[str]:
+    """``summary.md``'s section on C51 and QR-DQN against plain DQN with the same settings."""
+    out = []
+    for row in rows:
+        by = {o["system"]: o for o in results if o["env"] == row.name and o["seeds"]}
+        plain = by.get("tianji_jax DQN anakin dist-plain")
+        dist = [by[k] for k in ("tianji_jax C51 anakin", "tianji_jax QR-DQN anakin") if k in by]
+        if not (plain and dist):
+            continue
+        never = lambda v, f: f.format(v) if np.isfinite(v) else "never"  # noqa: E731
+        text = []
+        for o in dist:
+            for key, unit, f in (("steps_to_threshold", "env steps", "{:,.0f}"),
+                                 ("train_wall_s_to_threshold", "train wall s", "{:.1f}")):
+                m, p = o[key + "_median"], plain[key + "_median"]
+                ratio = f" (x{m / p:.2f})" if np.isfinite(m) and np.isfinite(p) else ""
+                text.append(f"{o['system']}: {never(m, f)} {unit} to {row.threshold:g} against plain DQN's "
+                            f"{never(p, f)}{ratio}.")
+            text.append(f"Gradient updates per second {never(o['grad_updates_per_s_median'], '{:,.0f}')} against "
+                        f"{never(plain['grad_updates_per_s_median'], '{:,.0f}')}.")
+        out += [f"## Distributional DQN against plain DQN ({row.name})", "",
+                "C51 and QR-DQN against plain DQN with the same settings (`tests/test_dqn_distributional.py`'s; "
+                "the columns as in the SAC section). Medians [min..max] over seeds. Wall seconds depend on the "
+                "load of the shared machine (last column): compare them between systems measured at similar loads, "
+                "as these three were (interleaved per seed), not with rows measured at another load.", "",
+                *_side_by_side([plain, *dist]), "", " ".join(text), ""]
+    return out
+
+
 def profile_lines(profile_dir: Path) -> list[str]:
     """``summary.md``'s table of the profiled tianji_jax runs in ``profile_dir`` (``--profile``)."""
     records = [json.loads(p.read_text()) for p in sorted(profile_dir.glob("*.json"))] if profile_dir.is_dir() else []
@@ -724,11 +862,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed-list", default="", help="comma-separated seeds to run in this invocation "
                         "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
-    parser.add_argument("--envs", default="CartPole-v1,LunarLander", help="comma-separated rows, in order")
+    parser.add_argument("--envs", default="CartPole-v1,LunarLander,Pendulum-v1", help="comma-separated rows, in order")
     parser.add_argument("--systems", default="", help="comma-separated substrings; run only the systems whose "
                         "name contains one (default: all); the outputs still cover every system's records")
     parser.add_argument("--cartpole-cap-s", type=float, default=300.0, help="wall cap per CartPole run")
     parser.add_argument("--lunarlander-cap-s", type=float, default=900.0, help="wall cap per LunarLander run")
+    parser.add_argument("--pendulum-cap-s", type=float, default=300.0, help="wall cap per Pendulum run")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tianji_jax" / "peers",
                         help="where the peers' virtual environments are created")
     parser.add_argument("--install-timeout-s", type=float, default=1800.0)
@@ -741,8 +880,10 @@ def main(argv: list[str] | None = None) -> int:
                              "threshold goes (profiling costs time: these runs are not measurements)")
     args = parser.parse_args(argv)
     t_start, load_start = time.perf_counter(), C.loadavg()
-    all_rows = {"CartPole-v1": Row("CartPole-v1", 475.0, 10_240, args.cartpole_cap_s),
-                "LunarLander": Row("LunarLander", 200.0, 32_768, args.lunarlander_cap_s)}
+    discrete = ("ppo", "dqn", "pqn")
+    all_rows = {"CartPole-v1": Row("CartPole-v1", 475.0, 10_240, args.cartpole_cap_s, discrete),
+                "LunarLander": Row("LunarLander", 200.0, 32_768, args.lunarlander_cap_s, discrete),
+                "Pendulum-v1": Row("Pendulum-v1", -250.0, 2_000, args.pendulum_cap_s, ("sac",))}
     names = [e for e in args.envs.split(",") if e]
     unknown = [e for e in names if e not in all_rows]
     if unknown:
@@ -754,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, dict[str, Any]] = {}
     if args.quick:  # threshold 200 on CartPole, so that the small budgets reach it and the ratios are exercised
         args.seeds = 1
-        rows = [Row("CartPole-v1", 200.0, 10_240, args.cartpole_cap_s), all_rows["LunarLander"]]
+        rows = [Row("CartPole-v1", 200.0, 10_240, args.cartpole_cap_s, discrete), all_rows["LunarLander"]]
         systems = [s for s in TIANJI if s.name in QUICK]
         extra = {"ppo": {"total_env_steps": 30_720}, "dqn": {"total_env_steps": 30_000}}
     reported = systems  # the outputs cover these (and the rows of --envs), whatever --systems runs

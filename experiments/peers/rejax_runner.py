@@ -13,6 +13,15 @@ proceeds. The program is compiled ahead of time (``jax.jit(train).lower(key).com
 the first call of the jitted function does anyway) so that ``CONV_DONE`` can report the seconds
 of start-up (process start to the algorithm's creation), compilation and execution (training with
 its evaluations). gymnax has no LunarLander: that row is unsupported.
+
+SAC (gymnax ``Pendulum-v1``): rejax's tuned ``configs/gymnax/pendulum.yaml`` ``sac`` section (not shipped in
+the 0.1.3 wheel; copied as data below from the repository: 1 env, buffer 10k, learning after 256 env
+steps, batch 256, lr 0.01, one update per env step, gamma 0.99, polyak 0.98, swish MLP 64x64 (rejax's
+default widths), observation normalization, target entropy -|A|), except its budget: 50k env steps, the
+row's common budget, instead of the yaml's 10k (and ``eval_freq``, the common evaluation interval). The
+deterministic evaluation action is the squashed mean of the policy, ``loc + scale * tanh(mean)``, on the
+normalized observation. ``CONV_INFO`` reports ``updates_per_env_step`` (``num_epochs / num_envs`` for
+SAC and DQN, rejax's updates per iteration over its env steps).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import time
 import _protocol as P
 
 spec = P.read_spec()
-if spec["env"] != "CartPole-v1":
+if spec["env"] not in ("CartPole-v1", "Pendulum-v1"):
     P.unsupported(f"rejax trains on gymnax/brax envs; gymnax has no {spec['env']}")
 
 import jax  # noqa: E402
@@ -46,13 +55,22 @@ CARTPOLE_YAML = {  # rejax configs/gymnax/cartpole.yaml of the 0.1.x API (DQN: n
                 learning_rate=0.0003, num_epochs=5, total_timesteps=524_288, eps_start=1, eps_end=0.05,
                 exploration_fraction=0.5, gamma=0.99, td_lambda=0.9, normalize_observations=False),
 }
+PENDULUM_YAML = {  # rejax configs/gymnax/pendulum.yaml ``sac`` (the budget: see the module docstring)
+    "sac": dict(env="Pendulum-v1", agent_kwargs={"activation": "swish"}, num_envs=1, buffer_size=10_000,
+                fill_buffer=256, batch_size=256, learning_rate=0.01, num_epochs=1, total_timesteps=50_000,
+                gamma=0.99, polyak=0.98, target_entropy_ratio=None, normalize_observations=True),
+}
 algo_name = spec["algo"]
-config = dict(CARTPOLE_YAML[algo_name], eval_freq=int(spec["eval_every"]), skip_initial_evaluation=True)
+YAML = PENDULUM_YAML if spec["env"] == "Pendulum-v1" else CARTPOLE_YAML
+if algo_name not in YAML:
+    P.unsupported(f"no rejax {algo_name} configuration for {spec['env']} in this experiment")
+config = dict(YAML[algo_name], eval_freq=int(spec["eval_every"]), skip_initial_evaluation=True)
 if spec.get("total_env_steps"):
     config["total_timesteps"] = int(spec["total_env_steps"])
+updates = config.get("num_epochs", 1) / config["num_envs"] if algo_name in ("sac", "dqn") else None
 P.send("CONV_INFO", {"versions": {"rejax": importlib.metadata.version("rejax"), "jax": jax.__version__,
                                   "gymnax": importlib.metadata.version("gymnax")}, "config": config,
-                     "budget_env_steps": config["total_timesteps"]})
+                     "budget_env_steps": config["total_timesteps"], "updates_per_env_step": updates})
 
 log = P.EvalLog(spec)
 _started = [0.0]
@@ -73,6 +91,13 @@ def greedy(algo, ts):
         def act(obs, rng):
             dist = algo.actor.apply(ts.actor_ts.params, obs[None], method="_action_dist")
             return jnp.squeeze(jnp.argmax(dist.logits, axis=-1))
+    elif algo_name == "sac":  # the squashed mean, on the normalized observation
+        def mode(module, obs):
+            return module.action_loc + jnp.tanh(module.action_mean(module.features(obs))) * module.action_scale
+
+        def act(obs, rng):
+            obs = algo.normalize_obs(ts.obs_rms_state, obs) if algo.normalize_observations else obs
+            return jnp.squeeze(algo.actor.apply(ts.actor_ts.params, obs[None], method=mode), axis=0)
     else:  # dqn, pqn: argmax of Q (neither normalizes observations in these configs)
         def act(obs, rng):
             return jnp.squeeze(jnp.argmax(algo.agent.apply(ts.q_ts.params, obs[None]), axis=-1))

@@ -26,6 +26,19 @@ PQN (``configs/gymnax/cartpole.yaml``, as ``rejax_runner.py`` runs it: 16 envs x
 x 16 minibatches, lr 3e-4, epsilon 1 -> 0.05 over 50% of 524,288 env steps, lambda 0.9, LayerNorm MLP
 64x64, gradient clipping at 10: rejax clips each gradient element, tianji_jax the global norm). On
 LunarLander (envpool) the library rejects Anakin: unsupported.
+SAC (``tj.SACConfig``, Anakin only, gymnax ``Pendulum-v1``): the library's defaults (4 envs x 1 step,
+replay ratio 1, batch 256, Adam 3e-4 for actor, critics and temperature, tau 0.005, MLP 256-256 relu,
+1000 uniform random warm-up steps, 50k env steps).
+Distributional DQN on CartPole-v1 (spec ``hp`` ``"c51"`` / ``"qr"`` / ``"dist-plain"``, Anakin): the
+settings of ``tests/test_dqn_distributional.py`` (``tests/dqn_settings.py``'s ``CARTPOLE_FAST``, copied
+below as data: 10 envs x 8 steps, replay ratio 0.25, batch 64, lr 1e-3, MLP 256-256, Polyak tau 0.005,
+Double DQN, 3-step targets, buffer 10k, learning from 10k env steps, epsilon 1 -> 0.02 over 18,750 env
+steps), with a budget of 80k env steps instead of the test's 150k (the epsilon decay fraction is
+rescaled so that it ends at the same 18,750 env steps); ``"c51"``: ``distributional="c51"``, 51 atoms
+on [0, 100]; ``"qr"``: ``distributional="qr"``, 51 quantiles; ``"dist-plain"``: the same settings with
+plain (expected-value) DQN. ``CONV_INFO`` reports ``updates_per_env_step`` (gradient updates per env
+step once learning has started) and ``startup_s`` (process start to the end of the config, just before
+``train()``; also in ``CONV_DONE``, measured there just before ``train()``).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay` (looked up there by
 ``train`` and ``evaluate``); nothing in the library is changed. ``CONV_DONE``'s ``tail_compile_s``
@@ -73,7 +86,15 @@ host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_eva
 host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
-        "LunarLander": {"envpool": "envpool:LunarLander-v2"}}
+        "LunarLander": {"envpool": "envpool:LunarLander-v2"}, "Pendulum-v1": {"gymnax": "gymnax:Pendulum-v1"}}
+# tests/dqn_settings.py CARTPOLE_FAST (the distributional DQN learning tests), less its evaluation and stop
+# settings; budget 80k env steps with the test's epsilon decay of 0.125 * 150k = 18,750 env steps
+DIST_BUDGET = 80_000
+DIST_HP = dict(num_steps=8, replay_ratio=0.25, batch_size=64, learning_rate=1e-3, hidden_sizes=(256, 256),
+               target_update_period=None, tau=0.005, epsilon_end=0.02, epsilon_decay_fraction=18_750 / DIST_BUDGET,
+               total_env_steps=DIST_BUDGET)
+DIST_KIND = {"c51": dict(distributional="c51", v_min=0.0, v_max=100.0), "qr": dict(distributional="qr"),
+             "dist-plain": {}}
 
 
 def make_config():
@@ -83,6 +104,15 @@ def make_config():
     if spec.get("total_env_steps"):
         common["total_env_steps"] = int(spec["total_env_steps"])
     env_id = ENVS[env].get("gymnax") or ENVS[env]["envpool"]
+    if algo == "sac":  # the library's defaults (gymnax Pendulum-v1)
+        if env != "Pendulum-v1" or mode != "anakin":
+            P.unsupported(f"the convergence experiment runs SAC in Anakin mode on Pendulum-v1 only, not {mode!r} "
+                          f"on {env}")
+        return tj.SACConfig(env=env_id, runtime="anakin", **common)
+    if algo == "dqn" and spec.get("hp") in DIST_KIND:  # tests/test_dqn_distributional.py's settings
+        if env != "CartPole-v1" or mode != "anakin":
+            P.unsupported("the distributional DQN variants are defined for CartPole-v1 in Anakin mode only")
+        return tj.DQNConfig(env=env_id, runtime="anakin", **{**DIST_HP, **DIST_KIND[spec["hp"]], **common})
     if algo == "ppo" and spec.get("hp") == "sb3":  # rl-baselines3-zoo ppo.yml CartPole-v1, as sb3_runner.py
         if env != "CartPole-v1":
             P.unsupported("the sb3-hp variant is defined for CartPole-v1 only")
@@ -131,7 +161,9 @@ except ValueError as err:  # e.g. Anakin on a host env (envpool): the library re
 
 P.send("CONV_INFO", {"versions": {"tianji_jax": provenance()["packages"].get("tianji-jax", "?"),
                                   "jax": jax.__version__},
-                     "config": config.to_dict(), "budget_env_steps": config.env_steps})
+                     "config": config.to_dict(), "budget_env_steps": config.env_steps,
+                     "updates_per_env_step": getattr(config, "replay_ratio", None),
+                     "startup_s": time.time() - float(spec["t0"])})
 
 
 def on_row(row):
@@ -150,6 +182,7 @@ if spec.get("profile"):  # convergence.py --profile: where the time to the thres
     P.send("CONV_PROFILE", {"startup_s": startup_s, "process_s": time.time() - float(spec["t0"]),
                             "timers": json.loads((run_dir / "profile" / "timers.json").read_text())})
 else:
+    startup_s = time.time() - float(spec["t0"])  # interpreter, imports, config: before train() starts
     tj.train(config, progress=False, callback=on_row, tensorboard=False)
 P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count,
-                     "tail_compile_s": None})
+                     "tail_compile_s": None, "startup_s": startup_s})
