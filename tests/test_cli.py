@@ -239,3 +239,50 @@ def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tianji train: error: --num-processes: --algo dqn has no multi-host learners yet (the README's "
                    "capability table); allowed: leave --num-processes out (one process)"]
+
+
+# ---- bad values of choice flags (Literal and bool fields): one line, not tyro's box ---------------
+@pytest.mark.parametrize("args, line", [
+    (["--algo", "dqn", "--distributional", "foo"], "--distributional: 'foo' is not one of 'none', 'c51', 'qr'"),
+    (["--algo", "dqn", "--epsilon-schedule=exp"], "--epsilon-schedule: 'exp' is not one of 'linear', 'apex'"),
+    (["--algo", "dqn", "--double_q", "maybe"], "--double-q: 'maybe' is not one of 'True', 'False'"),
+    (["--algo", "sac", "--autotune", "maybe"], "--autotune: 'maybe' is not one of 'True', 'False'"),
+    (["--algo", "pqn", "--activation", "gelu"], "--activation: 'gelu' is not one of 'tanh', 'relu'"),
+    (["--algo", "pqn", "--layer-norm", "yes"], "--layer-norm: 'yes' is not one of 'True', 'False'"),
+    (["--activation", "gelu"], "--activation: 'gelu' is not one of 'tanh', 'relu'"),
+    (["--recurrent", "rnn"], "--recurrent: 'rnn' is not one of 'none', 'lstm', 'gru'"),
+    (["--advantage-estimator", "td"], "--advantage-estimator: 'td' is not one of 'gae', 'vtrace'"),
+    (["--normalize-observations", "true"], "--normalize-observations: 'true' is not one of 'True', 'False'"),
+    (["--progress=1"], "--progress: '1' is not one of 'True', 'False'"),  # a run option
+    (["--async-checkpointing", "no"], "--async-checkpointing: 'no' is not one of 'True', 'False'"),  # checkpoint
+    (["--algo", "dqn", "--distributional"], "--distributional: no value given; allowed: one of 'none', 'c51', 'qr'"),
+    (["--anneal-lr", "--gamma", "0.9"], "--anneal-lr: no value given; allowed: one of 'True', 'False'"),
+])
+def test_bad_choice_values_exit_2_in_one_line(args, line, capsys, no_training):
+    assert _exit_code(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tianji train: error: {line}\n"
+    assert no_training == []
+
+
+def test_good_choice_values_still_parse(tmp_path, capsys, no_training):
+    assert main(["train", "--algo", "dqn", "--distributional", "qr", "--double_q=False", "--epsilon-schedule=apex",
+                 "--progress", "False", "--run-dir", str(tmp_path / "dqn")]) == 0
+    assert no_training[-1]["config"] == tianji_jax.DQNConfig(distributional="qr", double_q=False,
+                                                            epsilon_schedule="apex")
+    assert main(["train", "--algo", "sac", "--autotune", "False", "--progress=False",
+                 "--run-dir", str(tmp_path / "sac")]) == 0
+    assert no_training[-1]["config"].autotune is False
+    assert len(no_training) == 2
+
+
+def test_choice_flags_come_from_the_field_types():
+    from tianji_jax.cli import _args_type
+    from tianji_jax.cli_argv import choice_flags
+
+    dqn = choice_flags(_args_type("dqn"))
+    assert dqn["--distributional"] == ("--distributional", "distributional", ("none", "c51", "qr"))
+    assert dqn["--double_q"] == dqn["--double-q"] == ("--double-q", "double_q", ("True", "False"))
+    assert "--progress" in dqn and "--async-checkpointing" in dqn  # run options and the checkpoint's fields
+    assert "--gamma" not in dqn and "--env" not in dqn and "--num-envs" not in dqn  # not choices
+    assert choice_flags(_args_type("sac"))["--autotune"][2] == ("True", "False")

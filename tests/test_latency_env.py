@@ -16,7 +16,7 @@ import tianji_jax as tj
 from tianji_jax.config import config_from_dict
 from tianji_jax.envs import resolve_env
 from tianji_jax.envs.host import EnvpoolVecEnv, GymnasiumVecEnv, HostStep
-from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX, LatencyVecEnv, parse_host_modifiers
+from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX, MAX_LATENCY_MS, LatencyVecEnv, parse_host_modifiers
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore:.*precision lowered.*:UserWarning")]
@@ -256,6 +256,44 @@ def test_parse_host_modifiers_alone():
     assert parse_host_modifiers([]) == ({}, "")
     assert parse_host_modifiers(["latency_ms=2.50"]) == ({"latency_ms": 2.5}, "|latency_ms=2.5")
     assert list(HOST_WRAPPER_SYNTAX) == ["latency_ms"]
+
+
+# ---- the upper bound: at most MAX_LATENCY_MS (10 s) a step -----------------------------------------
+def test_latency_bound_is_ten_seconds_and_named_in_the_syntax():
+    assert MAX_LATENCY_MS == 10_000.0
+    assert ">= 0 and <= 10000" in HOST_WRAPPER_SYNTAX["latency_ms"]
+    assert parse_host_modifiers(["latency_ms=10000"]) == ({"latency_ms": 10_000.0}, "|latency_ms=10000")
+    assert parse_host_modifiers(["latency_ms=1e4"]) == ({"latency_ms": 10_000.0}, "|latency_ms=10000")
+    assert LatencyVecEnv(FakeVecEnv(FakeClock()), 10_000).latency_ms == 10_000.0
+
+
+@pytest.mark.parametrize("value", ["10000.5", "10001", "1e5", "36000000"])
+def test_latency_above_the_bound_refused_in_one_line(value):
+    env_text = f"envpool:CartPole-v1|latency_ms={value}"
+    with pytest.raises(ValueError, match=rf"modifier 'latency_ms' got value '{value}'; allowed: a finite number "
+                                         r"of milliseconds >= 0 and <= 10000") as info:
+        resolve_env(env_text)
+    assert "\n" not in str(info.value) and str(info.value).startswith(f"env={env_text!r}")
+
+
+@pytest.mark.parametrize("bad", [10_000.001, 10_001, np.float32(2e4), 1e9])
+def test_wrapper_refuses_latency_above_the_bound(bad):
+    with pytest.raises(ValueError, match=r"latency_ms=.*allowed: a finite number of milliseconds >= 0 and <= 10000"):
+        LatencyVecEnv(FakeVecEnv(FakeClock()), bad)
+
+
+def test_config_validation_refuses_latency_above_the_bound_before_any_work(monkeypatch):
+    """The bound is checked where the config resolves its env id: no env is built."""
+    import tianji_jax.envs.host as host
+
+    def no_env(*args, **kwargs):
+        raise AssertionError("an env was built")
+
+    monkeypatch.setattr(host.EnvpoolVecEnv, "__init__", no_env)
+    for make in (lambda env: tj.PPOConfig(env=env, **SMALL), lambda env: tj.DQNConfig(env=env, runtime="async")):
+        with pytest.raises(ValueError, match=r"latency_ms.*got value '20000'.*<= 10000") as info:
+            make("envpool:CartPole-v1|latency_ms=20000")
+        assert "\n" not in str(info.value)
 
 
 # ---- configs -------------------------------------------------------------------------------------

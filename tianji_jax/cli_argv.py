@@ -1,11 +1,16 @@
-"""Command-line argument rewriting shared by ``tianji train``: values users write that the
-configs accept but the parser would not (``--total-env-steps 1e6`` for an int option)."""
+"""Command-line argument rewriting and checks shared by ``tianji train``: values users write that the
+configs accept but the parser would not (``--total-env-steps 1e6`` for an int option), and one-line
+errors for bad values of choice flags (``Literal[...]`` and ``bool`` fields) before the parser would
+print its multi-line box."""
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
 
-__all__ = ["whole_floats_to_ints"]
+__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices"]
 
 
 def whole_floats_to_ints(argv: list[str]) -> list[str]:
@@ -44,3 +49,77 @@ def whole_floats_to_ints(argv: list[str]) -> list[str]:
         elif arg in flags and i + 1 < len(out):
             out[i + 1] = whole(out[i + 1])
     return out
+
+
+def _choices_of(tp: Any) -> tuple[str, ...] | None:
+    """The values the parser accepts for a field of type ``tp``, spelled as on the command line, if
+    it is a choice type: ``bool`` (``'True'``, ``'False'``), ``Literal[...]``, or a union of those
+    and ``None`` (``'None'``); else None."""
+    while typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    if tp is bool:
+        return ("True", "False")
+    if typing.get_origin(tp) is Literal:
+        return tuple(str(v) for v in typing.get_args(tp))
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        out: list[str] = []
+        for arg in typing.get_args(tp):
+            sub = ("None",) if arg is type(None) else _choices_of(arg)
+            if sub is None:
+                return None
+            out += [c for c in sub if c not in out]
+        return tuple(out)
+    return None
+
+
+def choice_flags(cls: type) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """The choice flags of the argument dataclass ``cls`` (nested dataclass fields flattened, as
+    ``tyro.conf.OmitArgPrefixes`` does): ``{flag: (canonical flag, field name, allowed values)}``,
+    each field under both spellings (``--double-q`` and ``--double_q``)."""
+    flags: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+
+    def walk(c: type) -> None:
+        try:
+            hints = typing.get_type_hints(c, include_extras=True)
+        except Exception:  # noqa: BLE001 - unresolvable annotations (another package's config): the parser decides
+            return
+        for f in dataclasses.fields(c):
+            tp = hints.get(f.name, f.type)
+            inner = tp
+            while typing.get_origin(inner) is Annotated:
+                inner = typing.get_args(inner)[0]
+            if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+                walk(inner)
+                continue
+            allowed = _choices_of(tp)
+            if allowed:
+                canonical = f"--{f.name.replace('_', '-')}"
+                flags[canonical] = flags[f"--{f.name}"] = (canonical, f.name, allowed)
+
+    walk(cls)
+    return flags
+
+
+def check_choices(argv: list[str], cls: type) -> None:
+    """Check the values of the choice flags of ``cls`` (:func:`choice_flags`) in ``argv``
+    (``--flag X`` or ``--flag=X``), so that a bad one is one line, not the parser's box.
+
+    Raises:
+        ValueError: one line naming the flag, the value and the allowed values, e.g. ``--distributional:
+            'foo' is not one of 'none', 'c51', 'qr'``, or that the flag got no value.
+    """
+    if "-h" in argv or "--help" in argv:
+        return  # the help wins, as in the parser
+    flags = choice_flags(cls)
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag not in flags:
+            continue
+        canonical, _, allowed = flags[flag]
+        one_of = ", ".join(repr(a) for a in allowed)
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ValueError(f"{canonical}: no value given; allowed: one of {one_of}")
+            value = argv[i + 1]
+        if value not in allowed:
+            raise ValueError(f"{canonical}: {value!r} is not one of {one_of}")

@@ -43,6 +43,32 @@ _CACHE: dict[Any, Callable] = register({})
 _LOCK = threading.Lock()
 
 
+def _cached(kind: str | None, key: Any, build: Callable[[], Callable]) -> Callable:
+    """The compiled function cached under ``(kind, key)`` (under ``key`` itself when ``kind`` is None),
+    built by ``build()`` on a miss; ``key`` None: always ``build()``, nothing cached. Two threads that
+    miss together both build, and both get the first one stored."""
+    if key is None:
+        return build()
+    full_key = key if kind is None else (kind, key)
+    with _LOCK:
+        if full_key in _CACHE:
+            return _CACHE[full_key]
+    fn = build()
+    with _LOCK:
+        return _CACHE.setdefault(full_key, fn)
+
+
+def _mode_action(spec: EnvSpec, continuous: bool) -> Callable[[Any], jax.Array]:
+    """``action_of(actor_out)``: the deterministic action
+    (:func:`~tianji_jax.algos.distributions.mode`), clipped to the Box bounds of ``spec`` when
+    ``continuous`` (the Gaussian mean), else the argmax."""
+    if not continuous:
+        return lambda actor_out: distributions.mode(actor_out, False)
+    low = jnp.asarray(spec.action_space.low, jnp.float32)
+    high = jnp.asarray(spec.action_space.high, jnp.float32)
+    return lambda actor_out: jnp.clip(distributions.mode(actor_out, True), low, high)
+
+
 def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episodes: int,
                   normalize_observations: bool, cache_key: Any = None) -> Callable:
     """Build a jitted ``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)``
@@ -62,32 +88,25 @@ def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episo
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-    if cache_key is not None:
-        with _LOCK:
-            if cache_key in _CACHE:
-                return _CACHE[cache_key]
-    if continuous:
-        low = jnp.asarray(spec.action_space.low, jnp.float32)
-        high = jnp.asarray(spec.action_space.high, jnp.float32)
 
-    def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array) -> jax.Array:
-        params, obs_rms = params_and_rms
-        obs_in = obs_rms.normalize(obs) if normalize_observations else obs
-        actor_out, _ = apply_fn(params, obs_in)
-        action = distributions.mode(actor_out, continuous)
-        return jnp.clip(action, low, high) if continuous else action
+    def build() -> Callable:
+        action_of = _mode_action(spec, continuous)
 
-    episodes = make_policy_evaluate(spec, act, num_episodes)  # the same episode loop as DQN's
+        def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array) -> jax.Array:
+            params, obs_rms = params_and_rms
+            obs_in = obs_rms.normalize(obs) if normalize_observations else obs
+            actor_out, _ = apply_fn(params, obs_in)
+            return action_of(actor_out)
 
-    @jax.jit
-    def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
-        return episodes((params, obs_rms), key)
+        episodes = make_policy_evaluate(spec, act, num_episodes)  # the same episode loop as DQN's
 
-    if cache_key is not None:
-        with _LOCK:
-            _CACHE.setdefault(cache_key, evaluate)
-            return _CACHE[cache_key]
-    return evaluate
+        @jax.jit
+        def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
+            return episodes((params, obs_rms), key)
+
+        return evaluate
+
+    return _cached(None, cache_key, build)
 
 
 def make_policy_evaluate(spec: EnvSpec, act_fn: Callable, num_episodes: int, cache_key: Any = None) -> Callable:
@@ -109,17 +128,8 @@ def make_policy_evaluate(spec: EnvSpec, act_fn: Callable, num_episodes: int, cac
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-    if cache_key is not None:
-        with _LOCK:
-            if ("policy", cache_key) in _CACHE:
-                return _CACHE[("policy", cache_key)]
-    evaluate = jax.jit(_episode_loop(spec, lambda params, obs, memory, reset: (act_fn(params, obs), memory),
-                                     num_episodes, None))
-    if cache_key is not None:
-        with _LOCK:
-            _CACHE.setdefault(("policy", cache_key), evaluate)
-            return _CACHE[("policy", cache_key)]
-    return evaluate
+    return _cached("policy", cache_key, lambda: jax.jit(_episode_loop(
+        spec, lambda params, obs, memory, reset: (act_fn(params, obs), memory), num_episodes, None)))
 
 
 def _episode_loop(spec: EnvSpec, act_fn: Callable, num_episodes: int, memory: Any) -> Callable:
@@ -180,29 +190,22 @@ def make_recurrent_evaluate(spec: EnvSpec, step_fn: Callable, initial_carry: Cal
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-    if cache_key is not None:
-        with _LOCK:
-            if ("recurrent", cache_key) in _CACHE:
-                return _CACHE[("recurrent", cache_key)]
-    if continuous:
-        low = jnp.asarray(spec.action_space.low, jnp.float32)
-        high = jnp.asarray(spec.action_space.high, jnp.float32)
 
-    def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array, carry: Any, reset: jax.Array):
-        params, obs_rms = params_and_rms
-        obs_in = obs_rms.normalize(obs) if normalize_observations else obs.astype(jnp.float32)
-        carry, actor_out, _ = step_fn(params, carry, obs_in, reset)
-        action = distributions.mode(actor_out, continuous)
-        return (jnp.clip(action, low, high) if continuous else action), carry
+    def build() -> Callable:
+        action_of = _mode_action(spec, continuous)
 
-    episodes = _episode_loop(spec, act, num_episodes, initial_carry(num_episodes))
+        def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array, carry: Any, reset: jax.Array):
+            params, obs_rms = params_and_rms
+            obs_in = obs_rms.normalize(obs) if normalize_observations else obs.astype(jnp.float32)
+            carry, actor_out, _ = step_fn(params, carry, obs_in, reset)
+            return action_of(actor_out), carry
 
-    @jax.jit
-    def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
-        return episodes((params, obs_rms), key)
+        episodes = _episode_loop(spec, act, num_episodes, initial_carry(num_episodes))
 
-    if cache_key is not None:
-        with _LOCK:
-            _CACHE.setdefault(("recurrent", cache_key), evaluate)
-            return _CACHE[("recurrent", cache_key)]
-    return evaluate
+        @jax.jit
+        def evaluate(params: Any, obs_rms: RunningMeanStd, key: jax.Array):
+            return episodes((params, obs_rms), key)
+
+        return evaluate
+
+    return _cached("recurrent", cache_key, build)

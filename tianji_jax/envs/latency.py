@@ -25,10 +25,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LatencyVecEnv", "HOST_WRAPPER_SYNTAX", "parse_host_modifiers"]
+__all__ = ["LatencyVecEnv", "HOST_WRAPPER_SYNTAX", "MAX_LATENCY_MS", "parse_host_modifiers"]
+
+MAX_LATENCY_MS = 10_000.0
+"""The largest ``latency_ms`` accepted (10 s a batched step): beyond it a value is far more likely a
+typo or a unit slip (seconds or microseconds for milliseconds) than a simulator, and a run would
+sleep for hours without a sign of why."""
 
 HOST_WRAPPER_SYNTAX = {
-    "latency_ms": "a finite number of milliseconds >= 0, e.g. latency_ms=5 or latency_ms=2.5 (LatencyVecEnv)",
+    "latency_ms": "a finite number of milliseconds >= 0 and <= 10000 (10 s), e.g. latency_ms=5 or latency_ms=2.5 "
+                  "(LatencyVecEnv)",
 }
 """Modifiers of the host env id syntax (``"envpool:<id>|latency_ms=5"``) and the value each takes."""
 
@@ -50,8 +56,8 @@ def _device_wrapper_names() -> tuple[str, ...]:
 def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str = "envpool") -> tuple[dict, str]:
     """Parse the ``|``-separated modifiers of a host env id (the parts after the base id).
 
-    Terms (:data:`HOST_WRAPPER_SYNTAX`): ``latency_ms=<ms>``, a finite number of milliseconds >= 0
-    (``latency_ms=0`` is accepted and adds no latency). Whitespace around terms and values is
+    Terms (:data:`HOST_WRAPPER_SYNTAX`): ``latency_ms=<ms>``, a finite number of milliseconds,
+    ``0 <= ms <=`` :data:`MAX_LATENCY_MS` (``latency_ms=0`` is accepted and adds no latency). Whitespace around terms and values is
     ignored; each modifier may appear once.
 
     Args:
@@ -67,7 +73,8 @@ def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str 
     Raises:
         ValueError: one line: a gymnax wrapper name (wrappers apply to gymnax envs, not host envs
             yet), an unknown modifier (lists the allowed ones), a modifier given twice, or a value
-            that is not a finite number >= 0 (negative, ``nan``, ``inf``, not a number, missing).
+            that is not a finite number in ``[0, MAX_LATENCY_MS]`` (negative, above 10000, ``nan``,
+            ``inf``, not a number, missing).
     """
     prefix = f"env={env_text!r}: " if env_text else ""
     allowed = f"allowed modifiers on host envs ({backend}): {list(HOST_WRAPPER_SYNTAX)}"
@@ -83,7 +90,7 @@ def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str 
         if name in values:
             raise ValueError(f"{prefix}modifier {name!r} given twice; give it once")
         number = float(value) if eq and _NUMBER.fullmatch(value) else math.nan
-        if not math.isfinite(number):
+        if not (math.isfinite(number) and number <= MAX_LATENCY_MS):
             got = f"value {value!r}" if eq else "no value"
             raise ValueError(f"{prefix}modifier {name!r} got {got}; allowed: {HOST_WRAPPER_SYNTAX[name]}")
         values[name] = number
@@ -116,7 +123,8 @@ class LatencyVecEnv:
     Args:
         env: a host vector env (the ``reset()``, ``step(actions, env_id=None)``, ``close()`` and
             ``num_envs`` interface of :class:`~tianji_jax.envs.host.EnvpoolVecEnv`).
-        latency_ms: ``d``, milliseconds, a finite number >= 0 (0: no wait, the inner env as is).
+        latency_ms: ``d``, milliseconds, a finite number, ``0 <= d <=`` :data:`MAX_LATENCY_MS` (0: no
+            wait, the inner env as is).
         clock: seconds, monotonic (default ``time.perf_counter``).
         sleep: ``sleep(seconds)`` waits at least that long (default ``time.sleep``).
 
@@ -126,13 +134,13 @@ class LatencyVecEnv:
         waited_s: total seconds slept so far (the latency the inner env did not cover).
 
     Raises:
-        ValueError: ``latency_ms`` negative, not finite or not a number.
+        ValueError: ``latency_ms`` negative, above :data:`MAX_LATENCY_MS`, not finite or not a number.
     """
 
     def __init__(self, env: Any, latency_ms: float, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], Any] = time.sleep):
         if (isinstance(latency_ms, (bool, np.bool_)) or not isinstance(latency_ms, (int, float, np.integer, np.floating))
-                or not math.isfinite(latency_ms) or latency_ms < 0):
+                or not math.isfinite(latency_ms) or not 0 <= latency_ms <= MAX_LATENCY_MS):
             raise ValueError(f"latency_ms={latency_ms!r}: allowed: {HOST_WRAPPER_SYNTAX['latency_ms']}")
         self.env = env
         self.latency_ms = float(latency_ms)
