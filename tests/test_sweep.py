@@ -137,3 +137,11 @@ def test_misplaced_grid_entries_are_named(grid, seeds, match):
     with pytest.raises(ValueError, match=match) as info:
         tj.sweep(tj.PPOConfig(**PPO), grid, seeds=seeds)
     assert "\n" not in str(info.value)
+
+
+def test_cli_sweep_names_a_bad_choice_in_one_line(capsys):
+    from tianji_jax.cli import main
+
+    assert main(["sweep", "--algo", "dqn", "--grid", "learning_rate=1e-3", "--distributional", "foo"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tianji sweep: error: --distributional: 'foo' is not one of 'none', 'c51', 'qr'"]

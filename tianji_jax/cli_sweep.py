@@ -19,7 +19,7 @@ from typing import Annotated
 import tyro
 
 from tianji_jax.algos.registry import get_algorithm
-from tianji_jax.cli_argv import whole_floats_to_ints
+from tianji_jax.cli_argv import check_choices, whole_floats_to_ints
 
 __all__ = ["sweep_main"]
 
@@ -103,6 +103,7 @@ def sweep_main(argv: list[str]) -> int:
             namespace={"__doc__": f"Train a grid of {algo}'s traced hyper-parameters x seeds in one compiled "
                                   "program (options: --grid NAME=V1,V2 (repeatable), --seeds 0,1,2, --out CSV, "
                                   "--algo NAME; the rest below are the config's fields)."})
+        check_choices(rest, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
         args = tyro.cli(args_type, args=rest, prog=f"tianji sweep --algo {algo}",
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
         grid, seeds = _grid(own["--grid"]), _seeds(own["--seeds"])
