@@ -26,7 +26,8 @@ from tianji_jax import frame_replay, replay
 from tianji_jax.algos import dqn
 from tianji_jax.algos.dqn.config import DQNConfig
 from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss, expected_q
-from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.algos import guard
+from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
 
@@ -302,11 +303,10 @@ class DQNAgent(ReplayAgent):
             else:
                 s = replay.sample(rs, k_sample, batch_size)
                 batch = s.item
-            (loss, (td, q_a)), grads = jax.value_and_grad(self._loss, has_aux=True)(
-                lrn.params, lrn.target_params, batch, s.weights if cfg.prioritized else None)
-            loss, grads = mean(loss), mean(grads)
-            finite = all_finite(loss, grads)  # else: no step, no priority update (index -1 is ignored)
-            params, opt_state = guarded_apply(self.tx, grads, lrn.opt_state, lrn.params, finite)
+            step = guard.gradient_step(self._loss, self.tx, lrn.params, lrn.opt_state, lrn.target_params, batch,
+                                       s.weights if cfg.prioritized else None, axis_name=axis_name)
+            loss, (td, q_a), params, opt_state = step.loss, step.aux, step.params, step.opt_state
+            finite = step.finite  # else: no step, no priority update (index -1 is ignored)
             steps = lrn.gradient_steps + 1
             if cfg.target_update_period is not None:
                 target = dqn.periodic_hard_update(lrn.target_params, params, steps, cfg.target_update_period)
@@ -321,9 +321,9 @@ class DQNAgent(ReplayAgent):
                                                   insert_index=s.insert_index)
             lag = lrn.version - s.policy_version
             lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
-            metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": optax.tree.norm(grads),
+            metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": step.grad_norm,
                        "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max,
-                       SKIP_METRIC: (~finite).astype(jnp.int32)}
+                       SKIP_METRIC: skip_count(finite)}
             return (DQNLearnerState(params, target, opt_state, key, lrn.version, steps), rs), metrics
 
         # XLA:CPU runs convolutions inside a while loop (lax.scan, even unroll=True) ~5-15x slower

@@ -18,7 +18,8 @@ import optax
 from flax import struct
 
 from tianji_jax.algos import distributions
-from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.algos import guard
+from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 
 __all__ = ["gae", "vtrace", "PPOBatch", "ppo_loss", "ppo_update", "make_optimizer"]
 
@@ -300,19 +301,15 @@ def ppo_update(
         state are then left as they were).
     """
     b = batch.advantages.shape[0]
-    grad_fn = jax.value_and_grad(lambda p, mb: ppo_loss(p, apply_fn, mb, axis_name=axis_name, **loss_kwargs),
-                                 has_aux=True)
+
+    def loss_fn(p, mb):
+        return ppo_loss(p, apply_fn, mb, axis_name=axis_name, **loss_kwargs)
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
-        (loss, metrics), grads = grad_fn(params, mb)
-        if axis_name is not None:
-            grads = jax.lax.pmean(grads, axis_name)
-            metrics = jax.lax.pmean(metrics, axis_name)
-            loss = jax.lax.pmean(loss, axis_name)
-        finite = all_finite(loss, grads)  # global: taken on averaged values, equal on every replica
-        metrics = {**metrics, "grad_norm": optax.tree.norm(grads), SKIP_METRIC: (~finite).astype(jnp.int32)}
-        return guarded_apply(tx, grads, opt_state, params, finite), metrics
+        step = guard.gradient_step(loss_fn, tx, params, opt_state, mb, axis_name=axis_name, pmean_aux=True)
+        metrics = {**step.aux, "grad_norm": step.grad_norm, SKIP_METRIC: skip_count(step.finite)}
+        return (step.params, step.opt_state), metrics
 
     def epoch(carry, epoch_key):
         perm = jax.random.permutation(epoch_key, b)

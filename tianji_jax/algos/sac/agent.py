@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import optax
 
 from tianji_jax.algos import dqn
-from tianji_jax.algos.guard import SKIP_METRIC, all_finite, guarded_apply
+from tianji_jax.algos import guard
+from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 from tianji_jax.algos.replay_agent import ReplayAgent, ReplayLearnerState
 from tianji_jax.algos.sac.config import SACConfig
 from tianji_jax.algos.sac.math import (actor_loss, critic_loss, soft_q_target, squashed_gaussian_mode,
@@ -36,6 +37,11 @@ from tianji_jax.algos.sac.networks import make_sac_networks
 from tianji_jax.networks import check_network
 
 __all__ = ["SACAgent"]
+
+
+def _zero_loss(log_alpha: jax.Array) -> jax.Array:
+    """The loss of a fixed temperature: 0 (float32 scalar), so its gradient is 0."""
+    return jnp.zeros((), jnp.float32)
 
 
 class SACAgent(ReplayAgent):
@@ -122,10 +128,13 @@ class SACAgent(ReplayAgent):
         return ReplayLearnerState(params, jax.tree.map(jnp.copy, params["critic"]), opt_state, key, zero, zero)
 
     def _update(self, lrn: ReplayLearnerState, batch: dqn.Transition, keys: tuple[jax.Array, jax.Array],
-                mean: Any) -> tuple[dict, Any, dict, jax.Array, dict]:
-        """One soft actor-critic update on ``batch`` (module docstring); gradients pass through
-        ``mean`` (the data-parallel average). Returns ``(params, target, opt_state, finite, metrics)``."""
+                axis_name: str | None) -> tuple[dict, Any, dict, jax.Array, dict]:
+        """One soft actor-critic update on ``batch`` (module docstring): three unguarded
+        :func:`~tianji_jax.algos.guard.gradient_step` (losses and gradients averaged over
+        ``axis_name`` when given) and ONE guard decision over all of them.
+        Returns ``(params, target, opt_state, finite, metrics)``."""
         cfg, p = self.config, lrn.params
+        mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
         k_next, k_pi = keys
         alpha = jnp.exp(p["log_alpha"])
         next_action, next_logp = self._policy(p["actor"], batch.next_obs, k_next)
@@ -137,35 +146,31 @@ class SACAgent(ReplayAgent):
             loss, td = critic_loss(q1, q2, target)
             return loss, (td, 0.5 * (q1 + q2))
 
-        (c_loss, (_td, q_sa)), c_grads = jax.value_and_grad(q_loss, has_aux=True)(p["critic"])
-        c_loss, c_grads = mean(c_loss), mean(c_grads)
-        c_updates, c_opt = self.tx["critic"].update(c_grads, lrn.opt_state["critic"], p["critic"])
-        critic = optax.apply_updates(p["critic"], c_updates)
+        steps = {"critic": guard.gradient_step(q_loss, self.tx["critic"], p["critic"], lrn.opt_state["critic"],
+                                               axis_name=axis_name, guard=False)}
+        critic, (_td, q_sa) = steps["critic"].params, steps["critic"].aux
 
         def pi_loss(actor):
             action, logp = self._policy(actor, batch.obs, k_pi)
             q1, q2 = self.critic.apply(critic, batch.obs, action)
             return actor_loss(logp, q1, q2, alpha), logp
 
-        (a_loss, logp), a_grads = jax.value_and_grad(pi_loss, has_aux=True)(p["actor"])
-        a_loss, a_grads = mean(a_loss), mean(a_grads)
-        if cfg.autotune:
-            t_loss, t_grad = jax.value_and_grad(temperature_loss)(p["log_alpha"], logp, self.target_entropy)
-            t_grad = mean(t_grad)
-        else:
-            t_loss, t_grad = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)
-        grads = {"actor": a_grads, "critic": c_grads, "log_alpha": t_grad}
-        finite = all_finite((c_loss, a_loss, t_loss), grads)
-        params, opt_state = {}, {}
-        for name in ("actor", "critic", "log_alpha"):
-            params[name], opt_state[name] = guarded_apply(self.tx[name], grads[name], lrn.opt_state[name], p[name],
-                                                          finite)
+        steps["actor"] = guard.gradient_step(pi_loss, self.tx["actor"], p["actor"], lrn.opt_state["actor"],
+                                             axis_name=axis_name, guard=False)
+        logp = steps["actor"].aux
+        # a fixed temperature takes an Adam step on a zero gradient (its optimizer state advances)
+        t_args = (temperature_loss, logp, self.target_entropy) if cfg.autotune else (_zero_loss,)
+        steps["log_alpha"] = guard.gradient_step(t_args[0], self.tx["log_alpha"], p["log_alpha"],
+                                                 lrn.opt_state["log_alpha"], *t_args[1:], axis_name=axis_name,
+                                                 has_aux=False, guard=False)
+        finite = steps["critic"].finite & steps["actor"].finite & steps["log_alpha"].finite  # one decision
+        params = {k: guard.keep_if(finite, s.params, p[k]) for k, s in steps.items()}
+        opt_state = {k: guard.keep_if(finite, s.opt_state, lrn.opt_state[k]) for k, s in steps.items()}
         if not cfg.autotune:  # a fixed temperature (Adam on a zero gradient would leave it anyway)
             params["log_alpha"] = p["log_alpha"]
         target_params = dqn.polyak_update(lrn.target_params, params["critic"], cfg.tau)
-        metrics = {"td_loss": c_loss, "q_mean": mean(jnp.mean(q_sa)), "policy_loss": a_loss,
-                   "entropy": mean(-jnp.mean(logp)), "alpha": alpha,
-                   "grad_norm": optax.tree.norm(c_grads)}
+        metrics = {"td_loss": steps["critic"].loss, "q_mean": mean(jnp.mean(q_sa)), "policy_loss": steps["actor"].loss,
+                   "entropy": mean(-jnp.mean(logp)), "alpha": alpha, "grad_norm": steps["critic"].grad_norm}
         return params, target_params, opt_state, finite, metrics
 
     def learn(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array,
@@ -199,11 +204,11 @@ class SACAgent(ReplayAgent):
             if axis_name is not None:  # each replica draws from its own shard
                 k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
             s = self.sample(rs, k_sample, batch_size)
-            params, target, opt_state, finite, metrics = self._update(lrn, s.item, (k_next, k_pi), mean)
+            params, target, opt_state, finite, metrics = self._update(lrn, s.item, (k_next, k_pi), axis_name)
             lag = lrn.version - s.policy_version
             lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
             metrics = {**metrics, "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))),
-                       "policy_lag_max": lag_max, SKIP_METRIC: (~finite).astype(jnp.int32)}
+                       "policy_lag_max": lag_max, SKIP_METRIC: skip_count(finite)}
             new = ReplayLearnerState(params, target, opt_state, key, lrn.version, lrn.gradient_steps + 1)
             return (new, rs), metrics
 
