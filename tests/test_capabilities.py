@@ -31,6 +31,8 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
        for env in ("gymnax", "envpool", "gymnasium")},
     **{("pqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_pqn_ray_cells_of_the_capability_table_run"
        for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
+    **{(algo, "async", "threads", "multi_host", env): "tests/test_distributed.py::test_two_replay_processes_keep_identical_replicas"
+       for algo in ("dqn", "sac") for env in ("gymnax", "envpool", "gymnasium")},
     ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
     **{("sac", "async", "ray", layout, env): "tests/test_ray_actors.py::test_sac_ray_cells_of_the_capability_table_run"
        for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
@@ -62,12 +64,14 @@ def _kwargs(cell: Cell) -> dict:
             kw["num_learner_devices"] = 2
         if cell.layout == "groups":
             kw.update(num_learner_groups=2, num_actors=2)
+        if cell.layout == "multi_host":
+            kw.update(_LAYOUT["multi_host"])
     return kw
 
 
 def _expressible(cell: Cell) -> bool:
-    """Cells a config can ask for (the replay configs have no multi-host fields yet)."""
-    return cell.algo in _ON_POLICY or cell.layout != "multi_host"
+    """Cells a config can ask for (every cell since the replay configs have multi-host fields)."""
+    return True
 
 
 def test_readme_shows_the_generated_table():

@@ -232,13 +232,33 @@ def test_cpu_devices_follow_the_flags_whole_floats_and_a_resumed_run(tmp_path, m
         assert asked == [("jax_num_cpu_devices", want)], argv
 
 
-def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(capsys):
+def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(capsys, monkeypatch):
+    """A registered algorithm whose config has no multi-host fields (every built-in one has them)."""
+    import dataclasses
+
+    from tianji_jax.algos import registry
     from tianji_jax.cli import main
 
+    @dataclasses.dataclass(frozen=True)
+    class NoMultiHost:
+        seed: int = 0
+
+    real = registry.get_algorithm
+    monkeypatch.setattr(registry, "get_algorithm", lambda name: (
+        dataclasses.replace(real("dqn"), config=NoMultiHost) if name == "dqn" else real(name)))
     assert main(["train", "--algo", "dqn", "--num-processes", "2", "--coordinator", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tianji train: error: --num-processes: --algo dqn has no multi-host learners yet (the README's "
                    "capability table); allowed: leave --num-processes out (one process)"]
+
+
+def test_num_processes_for_dqn_reaches_the_config_check(capsys):
+    """DQN has multi-host learners on the async runtime: with the default runtime the config names it."""
+    from tianji_jax.cli import main
+
+    assert main(["train", "--algo", "dqn", "--num-processes", "2", "--coordinator", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "num_processes=2 needs runtime='async'" in err[0], err
 
 
 # ---- bad values of choice flags (Literal and bool fields): one line, not tyro's box ---------------

@@ -409,3 +409,142 @@ def test_two_process_host_env_run_resumes_and_continues(tmp_path):
     actor, info = load_process_part(run, 768, 1, None)
     assert actor is None and info["async_counters"]["taken"] == 6 * 64 and info["has_actor"] is False
     assert [int(r_["env_steps"]) for r_ in _rows(run)] == [256, 512, 768]
+
+
+# ---- the replay data path on several processes (DQN, SAC): local replay shards, one global learner block ----
+REPLAY_SMALL = ["--runtime", "async", "--num-envs", "4", "--num-steps", "4", "--learning-starts", "256",
+                "--batch-size", "32", "--buffer-capacity", "2048", "--replay-ratio", "0.125",
+                "--eval-episodes", "0", "--progress", "False", "--tensorboard", "False"]
+
+
+def _replay_pair(tmp_path: Path, extra: list[str], timeout: float = 240) -> tuple[list[_Proc], dict, dict]:
+    port = _free_port()
+    procs = [_Proc(["-c", CLI, "train", *REPLAY_SMALL, *extra, "--num-processes", "2", "--process-id", str(i),
+                    "--coordinator", f"127.0.0.1:{port}", "--heartbeat-timeout-s", "30",
+                    "--run-dir", str(tmp_path / f"run{i}")], tmp_path) for i in range(2)]
+    try:
+        rcs = [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    return procs, _digests(procs[0].text), _digests(procs[1].text)
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40-60 s each on 2 cores
+@pytest.mark.parametrize("algo, env", [(a, f"{b}:{e}") for a, e in (("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"))
+                                       for b in ("gymnax", "envpool", "gymnasium")])
+def test_two_replay_processes_keep_identical_replicas(tmp_path, algo, env):
+    """The replay data path's multi-host cells: each process's actors fill its own replay shard;
+    every learner block is one collective (gradients averaged over both processes), so the
+    replicas agree after every block; rows count both processes' env steps; process 0 owns the
+    run directory. 64 iterations of 2 x 16 env steps, learning after 256 (from iteration 9): 56
+    blocks (``sync``)."""
+    procs, d0, d1 = _replay_pair(tmp_path, ["--algo", algo, "--env", env, "--schedule", "sync",
+                                            "--total-env-steps", "2048", "--eval-every-env-steps", "512"])
+    assert sorted(d0) == list(range(1, 57)) and d0 == d1
+    assert len(set(d0.values())) == 56  # the params changed every block
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "run0" / "metrics.csv")))
+    # a row every 16 blocks (512 env steps); block k follows iteration 8 + k: env steps inserted by both processes
+    assert [int(r["update"]) for r in rows] == [16, 32, 48, 56]
+    assert [int(r["env_steps"]) for r in rows] == [768, 1280, 1792, 2048]
+    assert not (tmp_path / "run1").exists()
+    assert (tmp_path / "run0" / "final_params").is_dir()
+    assert "placement: process 1 of 2" in procs[1].text
+
+
+def test_replay_multi_host_fields_are_checked():
+    base = dict(runtime="async", num_envs=4, num_steps=4, total_env_steps=4096, learning_starts=256, batch_size=32,
+                buffer_capacity=2048, replay_ratio=0.125, eval_episodes=0, num_processes=2,
+                coordinator="127.0.0.1:1234")
+    c = tj.DQNConfig(**base)
+    # an iteration is both processes' env steps: 4096 / 32 = 128 iterations of 4 updates
+    assert (c.global_iteration_env_steps, c.num_iterations, c.updates_per_step) == (32, 128, 4)
+    with pytest.raises(ValueError, match=r"num_processes=2 x num_learner_devices=1 = 2 replay shards must divide "
+                                         r"batch_size and buffer_capacity .* batch_size=33"):
+        tj.DQNConfig(**{**base, "batch_size": 33})
+    with pytest.raises(ValueError, match="needs coordinator='HOST:PORT'"):
+        tj.SACConfig(env="gymnax:Pendulum-v1", runtime="async", num_processes=2)
+    with pytest.raises(ValueError, match="stop_at_return"):
+        tj.DQNConfig(**{**base, "eval_episodes": 2, "stop_at_return": 100.0})
+    from tianji_jax.runtime.async_replay import AsyncReplay
+
+    with pytest.raises(ValueError, match="has not joined"):
+        AsyncReplay(c)
+
+
+_REPLAY_WORKER = textwrap.dedent('''
+    import sys, numpy as np
+    pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    import jax
+    jax.config.update("jax_num_cpu_devices", 2)
+    from tianji_jax.runtime import distributed as dist
+    dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
+    import jax.numpy as jnp
+    import tianji_jax as tj
+    from tianji_jax.runtime.async_replay import AsyncReplay
+    cfg = tj.DQNConfig(runtime="async", num_envs=4, num_steps=16, learning_starts=128, batch_size=32,
+                       buffer_capacity=512, replay_ratio=1 / 32, total_env_steps=4096, eval_episodes=0,
+                       num_processes=2, process_id=pid, coordinator=f"127.0.0.1:{port}")
+    rt = AsyncReplay(cfg)
+    params = jax.device_put(rt.local_learner_state.params, rt.actor_device)
+    state, items, item_version, mask, _ = rt._rollout(params, jnp.asarray(0, jnp.int32), rt._actor_states[0], None)
+    placed = rt._place(items, item_version, mask)
+    rt.replay_state = rt._insert(rt.replay_state, *placed)
+    learner, rt.replay_state, metrics = rt._learn(rt.learner_state, rt.replay_state, 1234)
+    local = dist.local_replica(learner)
+    leaves = {f"param_{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(local.params))}
+    chunk = {f"chunk_{k}": np.asarray(v) for k, v in jax.device_get(dict(items=items, item_version=item_version,
+                                                                           mask=mask)).items() if k != "items"}
+    chunk.update({f"item_{i}": np.asarray(v) for i, v in enumerate(jax.tree.leaves(jax.device_get(items)))})
+    np.savez(out, version=np.asarray(local.version),
+             size=np.asarray(int(jnp.sum(rt.parts.replay_size(rt.replay_state)))), **leaves, **chunk)
+    print("worker done", flush=True)
+''')
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
+def test_global_replay_block_equals_the_single_process_data_parallel_block(tmp_path):
+    """Two processes, each inserting its own actor's chunk into its own replay shard, then one
+    global learner block, give the params of one process with two data-parallel learner devices
+    whose sharded replay holds the same chunks (process 0's env columns on device 0): the same
+    samples, the same averaged gradients."""
+    script = tmp_path / "worker.py"
+    script.write_text(_REPLAY_WORKER)
+    port = _free_port()
+    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}.npz")], tmp_path) for i in range(2)]
+    try:
+        rcs = [p.wait(200) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    out = [dict(np.load(tmp_path / f"p{i}.npz")) for i in range(2)]
+    assert all(int(o["version"]) == 1 and int(o["size"]) > 0 for o in out)
+    assert not np.array_equal(out[0]["item_0"], out[1]["item_0"])  # different actor streams
+    n = len([k for k in out[0] if k.startswith("param_")])
+    for i in range(n):
+        np.testing.assert_array_equal(out[0][f"param_{i}"], out[1][f"param_{i}"])
+    import jax.numpy as jnp
+
+    from tianji_jax.runtime.async_replay import AsyncReplay
+
+    single = AsyncReplay(tj.DQNConfig(runtime="async", num_envs=8, num_steps=16, learning_starts=128, batch_size=32,
+                                      buffer_capacity=512, replay_ratio=1 / 32, total_env_steps=4096,
+                                      eval_episodes=0, num_learner_devices=2))
+
+    merged = {}  # (T * 4, ...) time-major items of each process -> (T * 8, ...), process 0's env columns first
+    for key in [k for k in out[0] if k.startswith("item_")] + ["chunk_item_version", "chunk_mask"]:
+        a, b = (out[p][key].reshape((16, 4, *out[p][key].shape[1:])) for p in range(2))
+        merged[key] = np.concatenate([a, b], axis=1).reshape((16 * 8, *a.shape[2:]))
+    _, like, _, _, _ = single._rollout(jax.device_put(single.learner_state.params, single.actor_device),
+                                       jnp.asarray(0, jnp.int32), single._actor_states[0], None)
+    n_items = len(jax.tree.leaves(like))
+    items = jax.tree.unflatten(jax.tree.structure(like), [merged[f"item_{i}"] for i in range(n_items)])
+    placed = single._place(items, merged["chunk_item_version"], merged["chunk_mask"])
+    single.replay_state = single._insert(single.replay_state, *placed)
+    ref, _, _ = single._learn(single.learner_state, single.replay_state, jnp.asarray(1234, jnp.int32))
+    for i, leaf in enumerate(jax.tree.leaves(ref.params)):
+        np.testing.assert_allclose(out[0][f"param_{i}"], np.asarray(leaf), rtol=2e-5, atol=2e-6)

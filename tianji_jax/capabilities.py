@@ -83,8 +83,6 @@ RULES: tuple[_Rule, ...] = (
           "Anakin runs on one device in one process",
           "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
     # not built yet
-    _Rule(lambda c: DATA_PATH.get(c.algo) == "replay" and c.layout == "multi_host", "layout",
-          "not built yet for the replay data path: its learners run in one process"),
     _Rule(lambda c: c.actors == "ray" and c.layout == "multi_host", "actor_backend",
           "Ray actors feed one learner process; several learner processes with Ray actors are not built yet",
           "actor_backend='ray' is not supported with {layout_field}={layout_value} yet (Ray actors feed one "

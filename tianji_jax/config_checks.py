@@ -49,9 +49,10 @@ def _check_distributed(config: Any) -> None:
         raise ValueError("stop_at_return is not supported with num_processes > 1 yet (every process must run the "
                          "same number of updates); got stop_at_return="
                          f"{config.stop_at_return}")
-    if config.total_env_steps < config.global_batch_size:
+    unit = getattr(config, "global_batch_size", None) or config.global_iteration_env_steps
+    if config.total_env_steps < unit:
         raise ValueError(f"total_env_steps={config.total_env_steps} must be >= num_processes * num_envs * num_steps "
-                         f"= {config.global_batch_size} (one global update)")
+                         f"= {unit} (one global update)")
 
 
 def _check_ray(config: Any, spec: EnvSpec) -> None:
@@ -136,6 +137,22 @@ def _check_replay_layout(config: Any, frames: bool) -> None:
     ld = config.num_learner_devices
     sizes = ("num_envs", "batch_size", "buffer_capacity")
     bad = [f"{k}={getattr(config, k)}" for k in sizes if getattr(config, k) % ld]
+    procs = config.num_processes
+    if procs > 1:
+        shards = procs * ld
+        wrong = [f"{k}={getattr(config, k)}" for k in sizes[1:] if getattr(config, k) % shards]
+        if wrong:
+            raise ValueError(f"num_processes={procs} x num_learner_devices={ld} = {shards} replay shards must divide "
+                             f"batch_size and buffer_capacity (each shard holds buffer_capacity / {shards} "
+                             f"transitions and samples batch_size / {shards}); got {', '.join(wrong)}")
+        if frames:
+            raise ValueError(f"num_processes={procs}: the frame replay of envpool Atari games is not sharded over "
+                             "processes yet; allowed: num_processes=1")
+        if config.learning_starts // procs < config.batch_size // procs + (config.n_step - 1) * config.num_envs * \
+                config.num_actors:
+            raise ValueError(f"num_processes={procs}: each process learns after learning_starts / {procs} of its "
+                             f"env steps, which must be >= batch_size / {procs} + (n_step - 1) * num_envs * "
+                             f"num_actors; got learning_starts={config.learning_starts}")
     if bad:
         raise ValueError(f"num_learner_devices={ld} must divide num_envs, batch_size and buffer_capacity (the "
                          f"replay is sharded by env, each replica samples batch_size / {ld}); got {', '.join(bad)}; "

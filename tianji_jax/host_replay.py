@@ -104,11 +104,13 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
 
     from tianji_jax.runtime.anakin import shared_train
 
+    if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
+        progress = False
     start = time.perf_counter()
     n_iter, chunk_u = config.num_iterations, config.iterations_per_chunk
     trainer = shared_train(config)
     evaluator = timed("eval", replay_evaluator(config, config.eval_episodes) if config.eval_episodes else None)
-    derived = {"iteration_env_steps": config.iteration_env_steps,
+    derived = {"iteration_env_steps": config.global_iteration_env_steps,
                "updates_per_step": config.updates_per_step, "num_iterations": n_iter,
                "env_steps": config.env_steps, "iterations_per_chunk": chunk_u,
                "learning_iterations": config.learning_iterations,
@@ -117,7 +119,7 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
     algo = algorithm_for(config).name
     files = RunFiles(config, algo, derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                     resumable=config.num_learner_groups == 1)
+                     resumable=config.num_learner_groups == 1 and config.num_processes == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
@@ -184,6 +186,8 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
         actors = snap["cut"]["actors"]
         state = ReplayTrainState(stack_actors(actors), learner, replay_copy)
+        if runtime.multi:  # host copies: orbax saves no process-local device arrays in a multi-host job
+            state = jax.device_get(state)
         meta = {"async_counters": snap["cut"]["counters"], "learner_groups": config.num_learner_groups,
                 "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
                 "has_actor": state.actor is not None}
@@ -191,4 +195,5 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
 
     stopped = host_loop.run_async(runner, files, emit, callback, every=every, total=total, make_row=make_row,
                                   close=runtime.close)
-    return ReplayTrainState(runtime.consumed_actor_states[0], runtime.learner_state, runtime.replay_state), stopped
+    return (ReplayTrainState(runtime.consumed_actor_states[0], runtime.local_learner_state, runtime.replay_state),
+            stopped)

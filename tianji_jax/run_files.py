@@ -128,8 +128,8 @@ class RunFiles:
         if not meta.get("resumable", False):
             groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
             why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
-                   f"written by a multi-host async run (num_processes={procs}) of a tianji_jax without multi-host "
-                   "resume" if procs > 1 else
+                   f"written by a multi-host async run (num_processes={procs}) that cannot be resumed (a replay "
+                   "algorithm's multi-host run does not checkpoint every process's replay shards yet)" if procs > 1 else
                    "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
             raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
                              "tianji_jax.load and tianji eval. Allowed: resume runs without learner groups, "

@@ -17,7 +17,8 @@ import tyro
 from tianji_jax.config_base import (_AgentConfig, _check_float, _check_int, _check_shared, _check_torso,
                                     _plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
-from tianji_jax.config_checks import _check_async_only, _check_host_fields, _check_ray, _check_replay_layout
+from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
+                                     _check_replay_layout)
 from tianji_jax.envs.registry import EnvSpec, resolve_env
 
 __all__ = ["ReplayConfig"]
@@ -152,6 +153,21 @@ class ReplayConfig(_AgentConfig):
     sync_every: int = layout(1)
     """Learner groups: each group's learner blocks between param averagings (and always at its
     last block). Needs ``num_learner_groups > 1``."""
+    num_processes: int = layout(1)
+    """Async, multi-host (jax.distributed): processes in the job P. Each runs this config's actors
+    (num_actors x num_envs envs) and holds 1/P of the replay (its own env columns, sharded over its
+    num_learner_devices); every gradient update samples batch_size / P items on each process and
+    averages the gradients over all processes. An iteration counts every process's env steps
+    (P x num_envs x num_steps), as do total_env_steps, learning_starts, buffer_capacity and
+    updates_per_step. P x num_learner_devices must divide batch_size and buffer_capacity."""
+    process_id: int = layout(0)
+    """This process's index in 0..num_processes-1 (SLURM: $SLURM_PROCID)."""
+    coordinator: str | None = layout(None)
+    """'HOST:PORT' of process 0's coordination service (needed when num_processes > 1)."""
+    heartbeat_timeout_s: int = layout(60)
+    """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
+    a collective learner block that makes no progress for this long + stall_timeout_s + 30 s also
+    ends the process."""
     env_batch_size: int | None = layout(None)
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
@@ -183,18 +199,21 @@ class ReplayConfig(_AgentConfig):
             raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule 'sync', got "
                              f"{self.num_actors}; use schedule 'relaxed' for several actors")
         self._check_target()
+        _check_int("num_processes", self.num_processes, minimum=1)
+        procs = "num_processes * " if self.num_processes > 1 else ""
         # replay ratio: a whole number of gradient updates per iteration
-        per_iter = self.iteration_env_steps * self.replay_ratio
+        per_iter = self.global_iteration_env_steps * self.replay_ratio
         u = round(per_iter)
         if u < 1 or abs(per_iter - u) > 1e-9 * max(1.0, per_iter):
             raise ValueError(
-                f"replay_ratio={self.replay_ratio} must make num_envs * num_steps * replay_ratio = "
-                f"{self.num_envs} * {self.num_steps} * {self.replay_ratio} = {per_iter:.6g} a whole number >= 1 "
-                f"(gradient updates per iteration); allowed values: k / {self.iteration_env_steps} for ints k >= 1")
+                f"replay_ratio={self.replay_ratio} must make {procs}num_envs * num_steps * replay_ratio = "
+                f"{self.global_iteration_env_steps} * {self.replay_ratio} = {per_iter:.6g} a whole number >= 1 "
+                f"(gradient updates per iteration); allowed values: k / {self.global_iteration_env_steps} for ints "
+                "k >= 1")
         object.__setattr__(self, "_updates_per_step", int(u))
-        if self.total_env_steps < self.iteration_env_steps:
-            raise ValueError(f"total_env_steps={self.total_env_steps} must be >= num_envs * num_steps = "
-                             f"{self.iteration_env_steps} (one iteration)")
+        if self.total_env_steps < self.global_iteration_env_steps:
+            raise ValueError(f"total_env_steps={self.total_env_steps} must be >= {procs}num_envs * num_steps = "
+                             f"{self.global_iteration_env_steps} (one iteration)")
         # the buffer must hold one batch when learning starts (n-step transitions lag n - 1 steps)
         lag_items = (self.n_step - 1) * self.num_envs
         need = self.batch_size + lag_items
@@ -224,6 +243,7 @@ class ReplayConfig(_AgentConfig):
         frames = self._check_env(spec)
         _check_torso(self, tuple(spec.observation_shape))
         object.__setattr__(self, "_frame_replay", frames)
+        _check_distributed(self)
         _check_replay_layout(self, frames)
         self._check_head()
         from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
@@ -273,25 +293,32 @@ class ReplayConfig(_AgentConfig):
         return self.num_envs * self.num_steps
 
     @property
+    def global_iteration_env_steps(self) -> int:
+        """Env steps per iteration over all processes: ``num_processes * num_envs * num_steps``
+        (:attr:`iteration_env_steps` on one host)."""
+        return self.num_processes * self.iteration_env_steps
+
+    @property
     def updates_per_step(self) -> int:
         """Gradient updates in one learner block (one per iteration once learning started):
-        ``num_envs * num_steps * replay_ratio``, exact."""
+        ``num_processes * num_envs * num_steps * replay_ratio``, exact."""
         return self._updates_per_step  # type: ignore[attr-defined]
 
     @property
     def num_iterations(self) -> int:
-        """Iterations in the run: ``total_env_steps // iteration_env_steps``."""
-        return self.total_env_steps // self.iteration_env_steps
+        """Iterations in the run: ``total_env_steps // global_iteration_env_steps``."""
+        return self.total_env_steps // self.global_iteration_env_steps
 
     @property
     def env_steps(self) -> int:
-        """Env steps that will actually be taken: ``num_iterations * iteration_env_steps``."""
-        return self.num_iterations * self.iteration_env_steps
+        """Env steps that will actually be taken (all processes): ``num_iterations * global_iteration_env_steps``."""
+        return self.num_iterations * self.global_iteration_env_steps
 
     @property
     def learning_iterations(self) -> int:
-        """Iterations that run a learner block: those ending with more than ``learning_starts`` env steps."""
-        first = self.learning_starts // self.iteration_env_steps + 1  # 1-based index of the first one
+        """Iterations that run a learner block: those ending with more than ``learning_starts`` env
+        steps (all processes)."""
+        first = self.learning_starts // self.global_iteration_env_steps + 1  # 1-based index of the first one
         return max(0, self.num_iterations - first + 1)
 
     @property
@@ -301,9 +328,9 @@ class ReplayConfig(_AgentConfig):
 
     @property
     def iterations_per_chunk(self) -> int:
-        """Iterations fused into one compiled chunk: ``max(1, eval_every_env_steps // iteration_env_steps)``,
-        at most ``num_iterations``."""
-        return min(self.num_iterations, max(1, self.eval_every_env_steps // self.iteration_env_steps))
+        """Iterations fused into one compiled chunk (async: learner blocks per row):
+        ``max(1, eval_every_env_steps // global_iteration_env_steps)``, at most ``num_iterations``."""
+        return min(self.num_iterations, max(1, self.eval_every_env_steps // self.global_iteration_env_steps))
 
     @property
     def replay_bytes(self) -> int:
@@ -330,8 +357,9 @@ class ReplayConfig(_AgentConfig):
         return replay.replay_bytes(item, self.buffer_capacity)
 
     def _describe_iterations(self) -> str:
-        return (f"{self.num_iterations} iterations x {self.iteration_env_steps} env "
-                f"steps (num_envs={self.num_envs} x num_steps={self.num_steps}) = {self.env_steps} env steps; "
+        procs = f"num_processes={self.num_processes} x " if self.num_processes > 1 else ""
+        return (f"{self.num_iterations} iterations x {self.global_iteration_env_steps} env "
+                f"steps ({procs}num_envs={self.num_envs} x num_steps={self.num_steps}) = {self.env_steps} env steps; "
                 f"after {self.learning_starts} env steps, {self.updates_per_step} gradient update(s) of batch "
                 f"{self.batch_size} per iteration (replay ratio {self.replay_ratio}) = {self.num_gradient_steps} "
                 f"gradient updates")
@@ -355,4 +383,7 @@ class ReplayConfig(_AgentConfig):
                f"({self.buffer_capacity // self.num_learner_devices} transitions and "
                f"{self.batch_size // self.num_learner_devices} samples per update each)"
                if self.num_learner_devices > 1 else "")
+            + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator {self.coordinator}), "
+               f"each with its own actors and 1/{self.num_processes} of the replay, gradients averaged over all "
+               "processes' learners" if self.num_processes > 1 else "")
         )

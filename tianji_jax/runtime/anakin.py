@@ -289,8 +289,10 @@ def compile_key(config: Any) -> Any:
     ``layout`` field groups: :func:`~tianji_jax.config_base.not_compiled`) set to their defaults:
     equal keys share compiled functions. Host envs keep ``runtime='async'`` (the only runtime
     they allow). On-policy runs with learner groups or several processes key on one group's / the
-    global learner's ``total_env_steps`` (their learning-rate annealing); replay actors receive
-    their exploration parameters as arguments, so ``num_actors`` does not enter a key."""
+    global learner's ``total_env_steps`` (their learning-rate annealing); multi-host replay runs
+    key on the replay ratio per *local* env step (``replay_ratio * num_processes``), so a learner
+    block runs ``updates_per_step`` of the global iteration; replay actors receive their
+    exploration parameters as arguments, so ``num_actors`` does not enter a key."""
     runtime = "async" if config.env_spec.on_host else "anakin"  # host envs exist only in async
     multi = {}
     if _on_policy(config):
@@ -301,6 +303,8 @@ def compile_key(config: Any) -> Any:
         if config.num_learner_groups > 1:  # each group anneals its learning rate over its own updates
             multi = dict(total_env_steps=config.updates_per_group * config.batch_size,
                          eval_every_env_steps=config.updates_per_chunk * config.batch_size)
+    elif config.num_processes > 1:  # a learner block runs the updates of every process's env steps
+        multi = dict(replay_ratio=config.replay_ratio * config.num_processes)
     return config.replace(runtime=runtime, **{**not_compiled(config), **multi})
 
 

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tianji_jax.caches import register
 from tianji_jax.buffers import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
-from tianji_jax.runtime.async_on_policy import placement, resume_seed
+from tianji_jax.runtime.async_on_policy import _distributed, placement, resume_seed
 from tianji_jax.runtime.async_runtime import PhaseTimers
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
@@ -94,12 +94,20 @@ class AsyncReplay:
 
         self.config = config
         num_learners, groups = config.num_learner_devices, config.num_learner_groups
-        if restore is not None and groups > 1:
-            raise ValueError(f"resume of a run with learner groups (num_learner_groups={groups}) is not supported "
-                             "yet; allowed: resume runs with num_learner_groups=1")
-        self.actor_device, devs = placement(num_learner_devices=num_learners, num_learner_groups=groups)
-        self.learner_devices = devs[:num_learners]
-        self.group_devices = devs[::num_learners]  # one device per learner group (the first with one group)
+        procs = config.num_processes
+        self.multi = procs > 1  # multi-host learners (runtime/distributed.py, replay_sharded.make_multi_host_fns)
+        if restore is not None and (groups > 1 or self.multi):
+            raise ValueError(f"resume of a replay run with learner groups (num_learner_groups={groups}) or several "
+                             f"processes (num_processes={procs}) is not supported yet; allowed: resume runs with "
+                             "num_learner_groups=1 and num_processes=1")
+        dist = _distributed(config) if self.multi else None
+        if self.multi:
+            self.actor_device, self.learner_devices, global_learners = dist.placement(num_learners)
+            self.group_devices = self.learner_devices[:1]
+        else:
+            self.actor_device, devs = placement(num_learner_devices=num_learners, num_learner_groups=groups)
+            self.learner_devices = devs[:num_learners]
+            self.group_devices = devs[::num_learners]  # one device per learner group (the first with one group)
         self.learner_device = self.learner_devices[0]
         key = compile_key(config)
         with _LOCK:
@@ -111,25 +119,38 @@ class AsyncReplay:
                                    jax.jit(parts.insert_frames, donate_argnums=0) if parts.frame_replay else None)
             (self.parts, self._rollout, self._insert, self._learn, host_act, build,
              self._insert_frames) = _JIT_CACHE[key]
-            if num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/replay_sharded.py)
+            if self.multi:  # every process's learners: local replay shards, one global learner block
+                skey = (key, "multi", tuple(d.id for d in global_learners))
+                if skey not in _JIT_CACHE:
+                    _JIT_CACHE[skey] = replay_sharded.make_multi_host_fns(self.parts, self.learner_devices,
+                                                                          global_learners)
+                mesh, global_mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
+            elif num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/replay_sharded.py)
                 skey = (key, tuple(d.id for d in self.learner_devices))
                 if skey not in _JIT_CACHE:
                     _JIT_CACHE[skey] = replay_sharded.make_sharded_fns(self.parts, self.learner_devices)
                 mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
-        if num_learners > 1:
-            replicated, replay_at = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+                global_mesh = mesh
+        if num_learners > 1 or self.multi:
+            replicated, replay_at = NamedSharding(global_mesh, P()), NamedSharding(mesh, P("data"))
             self._place = lambda items, item_version, mask, group=0: place(items, item_version, mask)
         else:
             replicated = replay_at = self.learner_device
             self._place = lambda *tree, group=0: jax.device_put(tree, self.group_devices[group])
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        env_seed = None
+        if self.multi:  # same learner seed everywhere (identical replicas); each process its own actors and envs
+            k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
+            env_seed = (config.seed + jax.process_index() * config.num_actors * config.num_envs) % 2**31
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         on_host = config.env_spec.on_host
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = self.parts.init_learner(k_learner), None
-            replay = (replay_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True) if num_learners > 1
+            replay = (replay_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True,
+                                                         total_shards=num_learners * procs)
+                      if num_learners > 1 or self.multi
                       else self.parts.init_replay(config.num_actors, check_memory=True,
                                                   capacity=config.buffer_capacity // groups))
         else:
@@ -138,7 +159,8 @@ class AsyncReplay:
                 raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
                                  f"{None if actors is None else len(actors)}")
         # per learner group: the same params, the learner key folded with the group, its own replay
-        self.learner_states = [jax.device_put(learner, replicated)] + [
+        self.learner_states = [dist.replicate(learner, replicated) if self.multi else
+                               jax.device_put(learner, replicated)] + [
             jax.device_put(learner.replace(key=jax.random.fold_in(learner.key, g)), self.group_devices[g])
             for g in range(1, groups)]
         self.replay_states = [jax.device_put(replay, replay_at)] + [
@@ -155,7 +177,6 @@ class AsyncReplay:
         if config.env_spec.on_host:
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
             self._actor_states = [None] * config.num_actors
-            env_seed = None
             if restore is not None:  # host env state is not checkpointed: fresh seeds, fresh episodes
                 keys = [jax.random.fold_in(k, int(restore["env_steps"])) for k in keys]
                 env_seed = resume_seed(config.seed, int(restore["env_steps"]))
@@ -184,9 +205,10 @@ class AsyncReplay:
         c = config.iteration_env_steps
         self.runner = ReplayRunner(
             actors=actors, insert=self._insert_chunks,
-            learn=self._learn_block, initial_params=self.learner_state.params,
+            learn=self._learn_block, initial_params=self.local_learner_state.params,
             num_updates=config.learning_iterations // groups, chunk_steps=c, spi=config.replay_ratio * config.batch_size,
-            block_samples=config.updates_per_step * config.batch_size, min_size=config.learning_starts // groups,
+            block_samples=config.updates_per_step * config.batch_size // procs,
+            min_size=config.learning_starts // groups // procs,
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
             schedule=config.schedule, num_groups=groups)
@@ -197,6 +219,19 @@ class AsyncReplay:
         if restore is not None:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
+        self.watchdog = None
+        if self.multi:  # lockstep collectives: global telemetry and a watchdog on every learner block
+            local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(global_mesh, self.learner_devices)
+            self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
+            self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+
+    @property
+    def local_learner_state(self) -> ReplayLearnerState:
+        """Learner group 0's state as this process's local replica (the state itself on one host):
+        what evaluation, checkpoints and rows use."""
+        if not self.multi:
+            return self.learner_state
+        return _distributed(self.config).local_replica(self.learner_state)
 
     def row_state(self, group: int) -> tuple[tuple[Any, Any], dict]:
         """``((learner, replay copy), cut)`` of learner group ``group`` right now: call it in that
@@ -204,7 +239,8 @@ class AsyncReplay:
         next insert donates its replay. The learner state is not donated, so it is shared, not
         copied; the replay is copied on its device."""
         replay = jax.block_until_ready(jax.tree.map(jnp.copy, self.replay_states[group]))
-        return (self.learner_states[group], replay), self.cut()
+        learner = self.local_learner_state if self.multi else self.learner_states[group]
+        return (learner, replay), self.cut()
 
     def cut(self) -> dict:
         """The actor half and the counters of a checkpoint cut, taken in the learner thread right
@@ -238,7 +274,9 @@ class AsyncReplay:
         self.replay_states[0] = state
 
     def _run_env_steps(self) -> int:
-        return sum(b.produced for b in self.runner.buffers)
+        """The run's env steps so far (what exploration schedules read): every group's produced
+        steps; multi-host: this process's times the processes (exact under ``sync``)."""
+        return sum(b.produced for b in self.runner.buffers) * self.config.num_processes
 
     def close(self) -> None:
         """Close the host envs of host actors, kill remote Ray actors and shut down the Ray
@@ -247,6 +285,8 @@ class AsyncReplay:
             actor.close()
         if self.remote is not None:
             self.remote.close()
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.close()
 
     @property
     def env_steps_discarded(self) -> int:
@@ -279,6 +319,11 @@ class AsyncReplay:
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
         learners = ", ".join(str(d) for d in self.learner_devices)
+        if self.multi:
+            return (f"placement: process {jax.process_index()} of {jax.process_count()}: actors on {self.actor_device}, "
+                    f"learner replica(s) and this process's replay shard(s) on {learners}; gradients averaged over "
+                    f"{jax.device_count() // jax.local_device_count() * len(self.learner_devices)} learner devices "
+                    "of all processes")
         if self.remote is not None:
             return self.remote.describe(f"{learners} (with the replay buffer" + (
                 ", sharded by env over the data-parallel learners)" if len(self.learner_devices) > 1 else ")"))
@@ -351,6 +396,8 @@ class AsyncReplay:
         jax.block_until_ready(self.replay_states[group])
 
     def _learn_block(self, group: int, version: int):
+        if self.multi:
+            return self._learn_global(version)
         config = self.config
         with self.timers.span("update_s"):
             env_steps = jnp.asarray(sum(b.inserted for b in self.runner.buffers), jnp.int32)
@@ -368,3 +415,24 @@ class AsyncReplay:
                    "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_states[group])))}
         self._zero_stats(group)
         return learner.params, metrics
+
+    def _learn_global(self, version: int):
+        """Multi-host: one learner block as a collective over every process (each samples its
+        own replay shards; called the same number of times, in the same order, everywhere)."""
+        dist = _distributed(self.config)
+        first = version == self.runner.start_version  # it compiles
+        with self.watchdog.section(f"learner block {version + 1}", extra_s=300.0 if first else 0.0), \
+                self.timers.span("update_s"):
+            # this process's inserts times the processes: the run's env steps under 'sync', close under 'relaxed'
+            env_steps = self.runner.buffer.inserted * self.config.num_processes
+            learner, self.replay_state, metrics = self._learn(self.learner_state, self.replay_state, env_steps)
+            jax.block_until_ready(learner.params)
+        self.learner_state = learner
+        params = dist.local_replica(learner.params)
+        # replicas must agree on every process: one line per block (tests compare them)
+        dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
+        explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
+        metrics = {**jax.device_get(dist.local_replica(metrics)), **self.episode_stats[0], **explore,
+                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_state)))}
+        self._zero_stats(0)
+        return params, metrics

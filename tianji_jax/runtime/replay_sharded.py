@@ -27,17 +27,20 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tianji_jax import replay
 
-__all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns"]
+__all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "make_multi_host_fns"]
 
 
-def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False) -> Any:
-    """``num_shards`` empty replay buffers of ``buffer_capacity / num_shards`` transitions, stacked
-    on a leading axis (leaves ``(L, ...)``). Traceable unless ``check_memory`` (which checks that
-    one shard fits in free device memory).
+def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False, total_shards: int | None = None
+                        ) -> Any:
+    """``num_shards`` empty replay buffers of ``buffer_capacity / total_shards`` transitions
+    (``total_shards``: every process's shards, default ``num_shards``), stacked on a leading axis
+    (leaves ``(L, ...)``). Traceable unless ``check_memory`` (which checks that one shard fits in
+    free device memory).
 
     Raises:
         ValueError: frame replay (Atari; not sharded yet).
@@ -45,7 +48,7 @@ def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False)
     """
     if parts.frame_replay:
         raise ValueError("data-parallel learners do not shard the frame replay (envpool Atari) yet")
-    capacity = parts.config.buffer_capacity // num_shards
+    capacity = parts.config.buffer_capacity // (total_shards or num_shards)
     if check_memory:
         replay.check_fits(replay.replay_bytes(parts.example_item, capacity))
     one = replay.init(parts.example_item, capacity, check_memory=False)
@@ -99,3 +102,53 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
     learn = jax.jit(jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()),
                                   out_specs=(P(), P("data"), P()), check_vma=False), donate_argnums=1)
     return mesh, place, insert, learn
+
+
+def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
+                        ) -> tuple[Mesh, Mesh, Callable, Callable, Callable]:
+    """``(local_mesh, global_mesh, place, insert, learn)`` for multi-host learners
+    (``jax.distributed``, :mod:`tianji_jax.runtime.distributed`).
+
+    Layout: the data-parallel layout above over every process's learner devices. Each process
+    keeps its own ``L`` replay shards (its own env columns) as arrays of its *local* mesh:
+    ``place`` and ``insert`` are :func:`make_sharded_fns`'s on the local mesh and involve no other
+    process, so every process inserts its own actors' chunks whenever they arrive. ``learn`` is
+    the one collective: it views the local shards as this process's part of a global replay
+    array (``P * L`` shards over the global mesh, no copy), runs one learner block with the
+    gradients averaged over every learner device of every process (each samples
+    ``batch_size / (P * L)`` items from its own shard) and hands back the updated local shards
+    (priorities) and the replicated learner state. Every process must call it the same number of
+    times in the same order (the lockstep rule of :mod:`~tianji_jax.runtime.distributed`).
+
+    ``learn(learner, replay_state, env_steps)``: ``learner`` replicated over the global mesh,
+    ``replay_state`` local shards (donated), ``env_steps`` this process's estimate of the run's
+    env steps (an int; prioritised replay's beta anneals on it); returns ``(learner,
+    replay_state, metrics)``.
+    """
+    local_mesh, place, insert, _ = make_sharded_fns(parts, local_devices)
+    num, per = len(global_devices), len(local_devices)
+    global_mesh = Mesh(np.asarray(global_devices), ("data",))
+    g_shard, l_shard = NamedSharding(global_mesh, P("data")), NamedSharding(local_mesh, P("data"))
+    order = {d: i for i, d in enumerate(local_devices)}
+
+    def learn_shard(learner, rs, env_steps):
+        local = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
+        learner, rs, metrics = parts.learn(learner, local(rs), env_steps[0], axis_name="data", num_shards=num)
+        return learner, jax.tree.map(lambda x: x[None], rs), metrics
+
+    learn_global = jax.jit(jax.shard_map(learn_shard, mesh=global_mesh, in_specs=(P(), P("data"), P("data")),
+                                         out_specs=(P(), P("data"), P()), check_vma=False), donate_argnums=1)
+
+    def shards(x: jax.Array) -> list:
+        return [s.data for s in sorted(x.addressable_shards, key=lambda s: order[s.device])]
+
+    def learn(learner: Any, replay_state: Any, env_steps: Any) -> tuple:
+        view = jax.tree.map(lambda x: jax.make_array_from_single_device_arrays((num, *x.shape[1:]), g_shard,
+                                                                              shards(x)), replay_state)
+        steps = jax.make_array_from_process_local_data(g_shard, np.full((per,), int(env_steps), np.int32), (num,))
+        learner, view, metrics = learn_global(learner, view, steps)
+        replay_state = jax.tree.map(lambda x: jax.make_array_from_single_device_arrays((per, *x.shape[1:]), l_shard,
+                                                                                      shards(x)), view)
+        return learner, replay_state, metrics
+
+    return local_mesh, global_mesh, place, insert, learn
