@@ -262,3 +262,19 @@ def test_relaxed_effect_quick(tmp_path):
     assert (df["policy_lag_max"] <= df["max_policy_lag"]).all()  # the lag contract holds for every schedule
     assert (df.loc[df["schedule"] == "sync", "policy_lag_max"] == 0).all()
     assert (df["r_measured"] > 0).all() and df["final_eval_return"].between(0, 500).all()
+
+
+def test_sac_halfcheetah_quick(tmp_path):
+    """The SAC HalfCheetah benchmark end to end in --quick mode (tianji_jax only, 1 seed, 1,500 env steps of
+    envpool HalfCheetah-v4 with SB3's SAC defaults): its record, outputs and phase timers; a rerun resumes."""
+    summary = _run_quick("sac_halfcheetah.py", tmp_path, budget_s=120.0)
+    assert "SAC on HalfCheetah-v4" in summary and "gradient updates/s" in summary
+    assert (tmp_path / "returns.png").stat().st_size > 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert list(df["system"]) == ["tianji_jax SAC sync"] and list(df["status"]) == ["done"]
+    assert (df["last_eval_env_steps"] == 1_500).all() and (df["grad_updates_per_s"] > 0).all()
+    assert (df["update_ms"] > 0).all() and df["final_eval_return"].between(-2_000, 5_000).all()
+    record = tmp_path / "records" / "tianji_jax_SAC_sync__seed0.json"
+    mtime = record.stat().st_mtime_ns
+    _run_quick("sac_halfcheetah.py", tmp_path)  # resumable: the finished run is not redone
+    assert record.stat().st_mtime_ns == mtime

@@ -40,18 +40,24 @@ ZOO = {
                                  train_freq=4, gradient_steps=-1, exploration_fraction=0.12,
                                  exploration_final_eps=0.1, policy_kwargs={"net_arch": [256, 256]}),
 }
-GYM_IDS = {"CartPole-v1": "CartPole-v1", "LunarLander": "LunarLander-v3"}
+# experiments/sac_halfcheetah.py: SB3 SAC's own defaults (written out), with the benchmark's learning_starts
+ZOO[("sac", "HalfCheetah")] = dict(n_envs=1, n_timesteps=10_000, learning_rate=3e-4, buffer_size=1_000_000,
+                                   learning_starts=1000, batch_size=256, tau=0.005, gamma=0.99, train_freq=1,
+                                   gradient_steps=1, ent_coef="auto", target_update_interval=1, target_entropy="auto",
+                                   policy_kwargs={"net_arch": [256, 256]})
+GYM_IDS = {"CartPole-v1": "CartPole-v1", "LunarLander": "LunarLander-v3", "HalfCheetah": "HalfCheetah-v4"}
 
 
 def linear(x0: float):
     return lambda progress_remaining: progress_remaining * x0
 
 
-hp = dict(ZOO[(spec["algo"], spec["env"])])
+hp = {**ZOO[(spec["algo"], spec["env"])], **spec.get("sac", {})}
 n_envs, budget = hp["n_envs"], int(spec.get("total_env_steps") or hp["n_timesteps"])
 P.send("CONV_INFO", {"versions": {"stable-baselines3": sb3.__version__, "torch": torch.__version__,
                                   "gymnasium": gym.__version__, "torch_threads": torch.get_num_threads()},
-                     "config": hp, "env_id": GYM_IDS[spec["env"]], "budget_env_steps": budget})
+                     "config": hp, "env_id": GYM_IDS[spec["env"]], "budget_env_steps": budget,
+                     **({"updates_per_env_step": 1.0} if spec["algo"] == "sac" else {})})
 del hp["n_envs"], hp["n_timesteps"]
 for k in ("learning_rate", "clip_range"):
     if isinstance(hp.get(k), str):
@@ -61,8 +67,25 @@ seed = int(spec["seed"])
 env = make_vec_env(GYM_IDS[spec["env"]], n_envs=n_envs, seed=seed)
 eval_env = gym.make(GYM_IDS[spec["env"]])
 eval_env.reset(seed=10_000 + seed)
-cls = {"ppo": sb3.PPO, "dqn": sb3.DQN}[spec["algo"]]
+cls = {"ppo": sb3.PPO, "dqn": sb3.DQN, "sac": sb3.SAC}[spec["algo"]]
 model = cls("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
+TIMERS = {"update_s": 0.0, "rollout_s": 0.0, "updates": 0}  # spec ``timers``: seconds in SB3's two phases
+
+
+def _timed(name, fn):
+    def wrapped(*a, **k):
+        t = time.perf_counter()
+        out = fn(*a, **k)
+        TIMERS[name] += time.perf_counter() - t
+        if name == "update_s":
+            TIMERS["updates"] += int(k.get("gradient_steps", a[0] if a else 0))
+        return out
+    return wrapped
+
+
+if spec.get("timers"):  # off-policy: train() = the gradient steps, collect_rollouts() = acting (evaluation inside)
+    model.train = _timed("update_s", model.train)
+    model.collect_rollouts = _timed("rollout_s", model.collect_rollouts)
 log = P.EvalLog(spec)
 every = int(spec["eval_every"])
 
@@ -91,4 +114,5 @@ if callback.last < model.num_timesteps:  # the budget ended between two evaluati
     callback.next = model.num_timesteps
     callback.num_timesteps = model.num_timesteps
     callback._on_step()
-P.send("CONV_DONE", {"budget_env_steps": int(model.num_timesteps), "evals": log.count})
+P.send("CONV_DONE", {"budget_env_steps": int(model.num_timesteps), "evals": log.count,
+                     **({"timers": TIMERS} if spec.get("timers") else {})})

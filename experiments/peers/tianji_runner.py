@@ -86,13 +86,21 @@ host_on_policy.on_policy_evaluator = _timed_factory(host_on_policy.on_policy_eva
 host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
-        "LunarLander": {"envpool": "envpool:LunarLander-v2"}, "Pendulum-v1": {"gymnax": "gymnax:Pendulum-v1"}}
+        "LunarLander": {"envpool": "envpool:LunarLander-v2"}, "Pendulum-v1": {"gymnax": "gymnax:Pendulum-v1"},
+        "HalfCheetah": {"envpool": "envpool:HalfCheetah-v4"}}
 # tests/dqn_settings.py CARTPOLE_FAST (the distributional DQN learning tests), less its evaluation and stop
 # settings; budget 80k env steps with the test's epsilon decay of 0.125 * 150k = 18,750 env steps
 DIST_BUDGET = 80_000
 DIST_HP = dict(num_steps=8, replay_ratio=0.25, batch_size=64, learning_rate=1e-3, hidden_sizes=(256, 256),
                target_update_period=None, tau=0.005, epsilon_end=0.02, epsilon_decay_fraction=18_750 / DIST_BUDGET,
                total_env_steps=DIST_BUDGET)
+# Stable-Baselines3 SAC's defaults in SACConfig's fields (experiments/sac_halfcheetah.py): 1 env, one gradient
+# update per env step, batch 256, Adam 3e-4 (actor, critics, temperature), gamma 0.99, tau 0.005, MLP 256-256 relu,
+# temperature learned from 1.0 towards -|A|, 1-step targets, a buffer larger than the budget, no gradient clipping
+# (SB3 clips none; 1e6 never binds); learning_starts is the benchmark's choice (spec ``sac``)
+SB3_SAC = dict(num_envs=1, num_steps=1, replay_ratio=1.0, batch_size=256, learning_rate=3e-4, gamma=0.99, tau=0.005,
+               hidden_sizes=(256, 256), activation="relu", init_alpha=1.0, autotune=True, n_step=1,
+               buffer_capacity=1_000_000, max_grad_norm=1e6, learning_starts=1000)
 DIST_KIND = {"c51": dict(distributional="c51", v_min=0.0, v_max=100.0), "qr": dict(distributional="qr"),
              "dist-plain": {}}
 
@@ -104,6 +112,11 @@ def make_config():
     if spec.get("total_env_steps"):
         common["total_env_steps"] = int(spec["total_env_steps"])
     env_id = ENVS[env].get("gymnax") or ENVS[env]["envpool"]
+    if algo == "sac" and env == "HalfCheetah":  # experiments/sac_halfcheetah.py: SB3's SAC defaults
+        if mode not in ("sync", "relaxed"):
+            P.unsupported(f"SAC on envpool HalfCheetah-v4 runs on the async runtime ('sync' / 'relaxed'), not {mode!r}")
+        return tj.SACConfig(env=env_id, runtime="async", schedule=mode, **{**SB3_SAC, **common,
+                                                                            **spec.get("sac", {})})
     if algo == "sac":  # the library's defaults (gymnax Pendulum-v1)
         if env != "Pendulum-v1" or mode != "anakin":
             P.unsupported(f"the convergence experiment runs SAC in Anakin mode on Pendulum-v1 only, not {mode!r} "
@@ -183,6 +196,20 @@ if spec.get("profile"):  # convergence.py --profile: where the time to the thres
                             "timers": json.loads((run_dir / "profile" / "timers.json").read_text())})
 else:
     startup_s = time.time() - float(spec["t0"])  # interpreter, imports, config: before train() starts
-    tj.train(config, progress=False, callback=on_row, tensorboard=False)
+    run_dir = None
+    if spec.get("timers"):  # sac_halfcheetah.py: the phase timers of metrics.csv, summed over its rows
+        from pathlib import Path
+
+        run_dir = Path(spec["tmp_dir"]) / "run"
+    tj.train(config, progress=False, callback=on_row, tensorboard=False, **({"run_dir": run_dir} if run_dir else {}))
+timers = None
+if spec.get("timers") and not spec.get("profile"):
+    import csv
+
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    timers = {k: [float(r[k]) if r.get(k) not in (None, "") else None for r in rows]
+              for k in ("env_steps", "wall_time_s", "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
+                        "actor_wait_frac", "learner_wait_frac")}
 P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count,
-                     "tail_compile_s": None, "startup_s": startup_s})
+                     "tail_compile_s": None, "startup_s": startup_s, "timers": timers})
