@@ -270,3 +270,27 @@ def test_plot_real_run_and_bad_input(cli_run, tmp_path, capsys):
         plot_runs([], tmp_path / "x.png")
     assert main(["plot", str(cli_run)]) == 0
     assert (cli_run / "plot.png").exists()
+
+
+def test_train_reports_the_runs_average_rate_next_to_the_chunks(cli_run, tmp_path, capsys):
+    """The progress bar shows the last chunk's ``sps`` and the run's average env steps/s over wall
+    time (evaluation included); the CLI's ``done:`` line and the summary line give the same average:
+    env_steps / wall_time_s of the last row, rounded."""
+    import pandas as pd
+
+    run_dir = tmp_path / "run"
+    argv = [a if a != "False" or SMALL[i - 1] != "--progress" else "True" for i, a in enumerate(SMALL)]
+    assert main(["train", "--run-dir", str(run_dir), *argv]) == 0  # compiled already by the fixture's run
+    out, err = capsys.readouterr()
+    last = pd.read_csv(run_dir / "metrics.csv").iloc[-1]
+    average = last["env_steps"] / last["wall_time_s"]
+    pattern = r"([\d,]+) env steps/s average \(wall, evaluation included\)"
+    done = re.search(r"^done: 512 env steps in [\d.]+ s, " + pattern + "; ", out, re.M)
+    summary = re.search(r"^tianji_jax\.train: done: 512 env steps in [\d.]+ s, " + pattern + "; ", err, re.M)
+    assert done and summary, (out, err)
+    for match in (done, summary):
+        assert abs(int(match.group(1).replace(",", "")) - average) <= 0.5 + 1e-6, (match.group(0), average)
+    bar = re.findall(r"chunk ([\d,]+) SPS, avg ([\d,]+) SPS \(wall, eval incl\.\)", err)
+    assert bar, err
+    chunk, avg = (int(x.replace(",", "")) for x in bar[-1])
+    assert abs(chunk - last["sps"]) <= 0.5 + 1e-6 and abs(avg - average) <= 0.5 + 1e-6, (bar, last)

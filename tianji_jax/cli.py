@@ -277,9 +277,10 @@ def _train(argv: list[str]) -> int:
               + (" (stopped at --stop-at-return)" if result.stopped_early else "") + "; its last row: eval_return_mean "
               f"{last.get('eval_return_mean', float('nan')):.1f}", flush=True)
         return 0
-    from tianji_jax.run_status import eval_cost
+    from tianji_jax.run_status import average_rate, eval_cost
 
-    print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s; "
+    print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s"
+          f"{average_rate(curve)}; "
           f"episode_return_mean {last.get('episode_return_mean', float('nan')):.1f}, "
           f"eval_return_mean {last.get('eval_return_mean', float('nan')):.1f}"
           + (" (stopped at --stop-at-return)" if result.stopped_early else "") + eval_cost(curve), flush=True)

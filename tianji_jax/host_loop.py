@@ -25,7 +25,7 @@ from tianji_jax.run_files import RunFiles, unstack_actors
 from tianji_jax.runtime.anakin import host_metrics
 from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 
-__all__ = ["mean_or_nan", "make_display", "make_emit", "eval_steps_so_far", "run_anakin", "finish", "save_params",
+__all__ = ["mean_or_nan", "make_display", "make_emit", "average_sps", "eval_steps_so_far", "run_anakin", "finish", "save_params",
            "async_columns", "async_restore", "AsyncRow", "run_async"]
 
 
@@ -71,11 +71,19 @@ def make_emit(config: PPOConfig | DQNConfig, files: RunFiles, display: ProgressD
         row["wall_time_s"] = files.wall_offset + time.perf_counter() - start
         files.log(row)
         display.update(int(row["env_steps"]), row["sps"], row["episode_return_mean"], row["eval_return_mean"],
-                       row.get("policy_lag_mean", math.nan))
+                       row.get("policy_lag_mean", math.nan), average_sps=average_sps(row))
         monitor.observe(skips, row)
         return config.stop_at_return is not None and row["eval_return_mean"] >= config.stop_at_return
 
     return emit
+
+
+def average_sps(row: dict[str, float]) -> float:
+    """The run's average env steps per second up to ``row``: its ``env_steps`` over its
+    ``wall_time_s`` (wall time since the start, evaluation and compilation included; a resumed
+    run's both count the restored rows too); NaN before any wall time has passed."""
+    wall = float(row.get("wall_time_s", math.nan))
+    return float(row["env_steps"]) / wall if wall > 0 else math.nan
 
 
 def eval_steps_so_far(rows: list[dict[str, float]]) -> int:

@@ -185,7 +185,8 @@ class MetricsSink:
 
 
 class ProgressDisplay:
-    """Console progress bar over env steps with SPS, returns and policy lag; a no-op when
+    """Console progress bar over env steps with the chunk's and the run's average SPS, returns and
+    policy lag; a no-op when
     ``enabled`` is False."""
 
     def __init__(self, total_env_steps: int, enabled: bool, description: str = "train"):
@@ -203,12 +204,18 @@ class ProgressDisplay:
         self._progress.start()
 
     def update(self, env_steps: int, sps: float, episode_return: float, eval_return: float,
-               policy_lag: float = math.nan) -> None:
-        """Show ``env_steps`` done, SPS, the training and evaluation returns and the mean policy lag
-        (NaN values are left out)."""
+               policy_lag: float = math.nan, average_sps: float = math.nan) -> None:
+        """Show ``env_steps`` done, the rates, the training and evaluation returns and the mean
+        policy lag (NaN values are left out). Two rates: ``sps``, the current chunk's (its row's
+        ``sps`` column: ``chunk 12,345 SPS``), and ``average_sps``, the run's average env steps per
+        second of wall time since the start, evaluation and compilation included (``avg 9,876 SPS
+        (wall, eval incl.)``)."""
         if not self.enabled:
             return
-        info = f"SPS {sps:,.0f}  return {episode_return:.1f}"
+        info = f"chunk {sps:,.0f} SPS"
+        if not math.isnan(average_sps):
+            info += f", avg {average_sps:,.0f} SPS (wall, eval incl.)"
+        info += f"  return {episode_return:.1f}"
         if not math.isnan(eval_return):
             info += f"  eval {eval_return:.1f}"
         if not math.isnan(policy_lag):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
-           "summary_line", "eval_cost", "report_end"]
+           "summary_line", "eval_cost", "average_rate", "report_end"]
 
 
 def metrics_rows(run_dir: str | Path) -> int:
@@ -94,10 +94,10 @@ def interrupt_message(run_dir: str | Path, resumable: bool) -> str:
 
 def summary_line(result: Any) -> str:
     """One plain-text line about a :class:`~tianji_jax.training.TrainResult`: env steps, wall time,
-    final and best evaluation return (or the last training return without evaluation), the env
-    steps spent in evaluation (``eval_env_steps``: ``evaluation: 12,345 env steps (9% of
-    training's)``) and the run directory; for a resumed run that had already finished, that there
-    was nothing to do."""
+    the run's average env steps per second (:func:`average_rate`), final and best evaluation
+    return (or the last training return without evaluation), the env steps spent in evaluation
+    (``eval_env_steps``: ``evaluation: 12,345 env steps (9% of training's)``) and the run
+    directory; for a resumed run that had already finished, that there was nothing to do."""
     curve = result.curve
     env_steps = curve.get("env_steps", [])
     if not len(env_steps):
@@ -114,7 +114,18 @@ def summary_line(result: Any) -> str:
         return (f"tianji_jax.train: nothing to do, the run had already finished: {steps} env steps in {wall:.1f} s; "
                 f"{returns}; {where}")
     early = " (stopped at stop_at_return)" if result.stopped_early else ""
-    return f"tianji_jax.train: done{early}: {steps} env steps in {wall:.1f} s; {returns}; {where}"
+    return f"tianji_jax.train: done{early}: {steps} env steps in {wall:.1f} s{average_rate(curve)}; {returns}; {where}"
+
+
+def average_rate(curve: dict) -> str:
+    """``", 12,345 env steps/s average (wall, evaluation included)"``: the run's last ``env_steps``
+    over its last ``wall_time_s`` (wall seconds since the start: compilation, evaluation and
+    checkpointing included; a resumed run counts its restored rows in both), unlike a row's ``sps``
+    (one chunk's rate); empty without rows or wall time."""
+    steps, wall = curve.get("env_steps", []), curve.get("wall_time_s", [])
+    if not len(steps) or not len(wall) or not math.isfinite(float(wall[-1])) or float(wall[-1]) <= 0:
+        return ""
+    return f", {float(steps[-1]) / float(wall[-1]):,.0f} env steps/s average (wall, evaluation included)"
 
 
 def eval_cost(curve: dict) -> str:
