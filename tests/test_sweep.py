@@ -102,6 +102,8 @@ def test_bad_grids_are_refused_in_one_line_before_compiling(grid, seeds, match, 
 def test_async_configs_and_unregistered_fields_are_refused():
     with pytest.raises(ValueError, match=r"sweep runs the Anakin runtime only; got runtime='async'"):
         tj.sweep(tj.PPOConfig(**PPO, runtime="async"), {"gamma": [0.9]})
+    with pytest.raises(ValueError, match=r"sweep does not run recurrent policies yet \(recurrent='lstm'\)"):
+        tj.sweep(tj.PPOConfig(**PPO, recurrent="lstm"), {"gamma": [0.9]})
     assert tj.traced_hyperparameters(tj.SACConfig()) == ("learning_rate", "max_grad_norm", "gamma", "tau",
                                                          "init_alpha")
 
