@@ -253,17 +253,24 @@ def test_lstm_learns_masked_cartpole_where_feed_forward_cannot():
     """Partially observed CartPole (``mask=0,2``: cart position and pole angle, no velocities): an
     LSTM policy must estimate the velocities from its memory; a feed-forward one cannot.
 
-    Budget: 153,600 env steps (600 updates of 8 envs x 32 steps, 20 epochs of 2 minibatches of 4 env
-    columns; settings after rl-zoo3's RecurrentPPO CartPoleNoVel-v1 with reward scaling), 12
-    evaluations of 20 deterministic episodes; both runs together took 40 s (75 s while other jobs
-    shared the 2 CPU cores). Measured with these settings (evaluation returns):
-    seed 0: LSTM final 256.3, mean of the last three 226.2, feed-forward at most 44.7 (final 38.3);
-    seeds 1 / 2: LSTM last three 405.4 / 165.8, feed-forward at most 46.0 / 44.5. Asserted: the
-    LSTM's last three evaluations average >= 150 and the feed-forward run never reaches 60.
+    Budget: 153,600 env steps per run (600 updates of 8 envs x 32 steps, 20 epochs of 2 minibatches
+    of 4 env columns; settings after rl-zoo3's RecurrentPPO CartPoleNoVel-v1 with reward scaling),
+    12 evaluations of 20 deterministic episodes; three LSTM seeds and one feed-forward run, about
+    40 s each alone on 2 cores. One seed's last evaluations swing widely (seed 0 measured 226 with
+    one set of package versions and 125 with the next), so the claim is made over three seeds.
+    Measured with jax/jaxlib 0.10.2 (mean of the last three evaluations): LSTM seeds 0 / 1 / 2:
+    125.3 / 282.5 / 217.6 (mean 208.5; seed 3: 305.8); feed-forward seed 0 at most 48.2. Asserted:
+    the three LSTM seeds' last-three means average >= 150, every seed's is above 60, and the
+    feed-forward run never reaches 60.
     """
-    lstm = tj.train(tj.PPOConfig(**LEARN, recurrent="lstm"), progress=False).curve["eval_return_mean"]
+    last3 = []
+    for seed in (0, 1, 2):
+        curve = tj.train(tj.PPOConfig(**dict(LEARN, seed=seed), recurrent="lstm"),
+                         progress=False).curve["eval_return_mean"]
+        assert len(curve) == 12
+        last3.append(float(np.mean(curve[-3:])))
     ff = tj.train(tj.PPOConfig(**LEARN), progress=False).curve["eval_return_mean"]
-    assert len(lstm) == len(ff) == 12
+    assert len(ff) == 12
     assert np.max(ff) < 60, ff
-    assert np.mean(lstm[-3:]) >= 150, lstm
-
+    assert min(last3) > 60, last3
+    assert np.mean(last3) >= 150, last3
