@@ -81,3 +81,14 @@ def pytest_collection_modifyitems(config, items):
 
     if os.environ.get("TIANJI_RAY_CHILD") != "1":
         items[:] = [i for i in items if "test_ray_actors.py" not in str(i.fspath)]
+    # The longest files first, so that with two workers (pyproject's ``-n 2 --dist loadfile``) the
+    # last file to finish is a short one; files keep their own test order.
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    order = {id(item): k for k, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(os.path.basename(str(item.fspath)), len(rank)), order[id(item)]))
+
+
+# Roughly longest first (file durations of serial runs on 2 cores); a scheduling hint only.
+LONGEST_FILES = ("test_distributed.py", "test_ray_isolated.py", "test_notebooks.py", "test_capabilities.py",
+                 "test_checkpoint.py", "test_experiments.py", "test_recurrent.py", "test_learning.py",
+                 "test_dqn_learning.py", "test_custom_torso.py", "test_sac.py", "test_anakin.py")

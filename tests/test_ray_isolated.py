@@ -15,17 +15,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # about 2-4 minutes on 2 cores (one learning run on a two-node cluster)
-@pytest.mark.timeout(900)
+@pytest.mark.slow  # about 6-8 minutes alone on 2 cores (two learning runs on a two-node cluster, 21 tests)
+@pytest.mark.timeout(1800)
 def test_ray_actor_tests_in_a_child_process():
     env = dict(os.environ, TIANJI_RAY_CHILD="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rA",
                            str(ROOT / "tests" / "test_ray_actors.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=840)
+                          capture_output=True, text=True, timeout=1740)
     out = proc.stdout + proc.stderr
     print(out[-4000:])
     summary = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", out, re.M)
     assert summary, out[-4000:]
     assert "failed" not in summary[-1] and "error" not in summary[-1], out[-4000:]
-    assert re.search(r"\b32 passed\b", summary[-1]), summary[-1]
+    assert re.search(r"\b21 passed\b", summary[-1]), summary[-1]
     assert proc.returncode == 0, f"child pytest exited {proc.returncode} after: {summary[-1]}"
