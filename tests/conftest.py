@@ -89,6 +89,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Roughly longest first (file durations of serial runs on 2 cores); a scheduling hint only.
-LONGEST_FILES = ("test_distributed.py", "test_ray_isolated.py", "test_notebooks.py", "test_capabilities.py",
+LONGEST_FILES = ("test_distributed.py", "test_notebooks.py", "test_capabilities.py",
                  "test_checkpoint.py", "test_experiments.py", "test_recurrent.py", "test_learning.py",
                  "test_dqn_learning.py", "test_custom_torso.py", "test_sac.py", "test_anakin.py")

@@ -249,6 +249,7 @@ LEARN = dict(env=MASKED, num_envs=8, num_steps=32, num_minibatches=2, update_epo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # four runs, ~40 s each alone; 300 s was not enough beside another worker in CI
 def test_lstm_learns_masked_cartpole_where_feed_forward_cannot():
     """Partially observed CartPole (``mask=0,2``: cart position and pole angle, no velocities): an
     LSTM policy must estimate the velocities from its memory; a feed-forward one cannot.
