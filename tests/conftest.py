@@ -84,8 +84,7 @@ def pytest_collection_modifyitems(config, items):
     # The longest files first, so that with two workers (pyproject's ``-n 2 --dist loadfile``) the
     # last file to finish is a short one; files keep their own test order.
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    order = {id(item): k for k, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(os.path.basename(str(item.fspath)), len(rank)), order[id(item)]))
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))  # stable
 
 
 # Roughly longest first (file durations of serial runs on 2 cores); a scheduling hint only.

@@ -121,8 +121,9 @@ def _check(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int])
         raise ValueError(f"sweep runs the Anakin runtime only; got runtime={config.runtime!r}. Allowed: runtime='anakin'")
     if getattr(config, "recurrent", "none") != "none":
         # Seen with jaxlib 0.10.2 on CPU, 1 or 2 devices, with or without the compilation cache or
-        # async dispatch: the vmapped recurrent chunk's execution waits forever on an input buffer
-        # (no thread runs, no error). Refused until that is understood; tj.train runs it fine.
+        # async dispatch: the vmapped recurrent chunk (64-unit LSTM; a 16-unit one ran) waits forever
+        # on an input buffer (no thread runs, no error). Refused until that is understood; tj.train
+        # runs it fine.
         raise ValueError(f"sweep does not run recurrent policies yet (recurrent={config.recurrent!r}): its vmapped "
                          f"program stalls in XLA's CPU runtime; train each member with tj.train. Allowed: recurrent='none'")
     if not isinstance(grid, Mapping):
