@@ -135,6 +135,32 @@ def test_ray_cells_of_the_capability_table_run(cluster, env, layout):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_remote_actors_normalise_with_the_runs_merged_statistics(cluster, monkeypatch):
+    """Host-env observation normalisation and reward scaling with two Ray actor processes: both
+    actors' statistics reach the run's (merged in the driver as their trajectories arrive) and
+    the train state holds them (tests/test_host_normalize.py checks the values with threads).
+    Budget: 6 updates of 2 x 4 x 32 env steps."""
+    from tianji_jax.runtime.host_normalize import HostNormStats, SharedStatistics
+
+    shared, init = [], SharedStatistics.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        shared.append(self)
+
+    monkeypatch.setattr(SharedStatistics, "__init__", record)
+    config = PPOConfig(**SMALL, normalize_observations=True, scale_rewards=True, total_env_steps=6 * 128, seed=0)
+    result = tj.train(config, progress=False)
+    assert result.curve["env_steps"][-1] == config.env_steps
+    merged = shared[0].merged_steps
+    assert set(merged) == {0, 1} and all(n >= 128 for n in merged.values()), merged
+    stats = result.state.actor
+    assert isinstance(stats, HostNormStats) and 6 * 128 <= float(stats.obs_rms.count) <= sum(merged.values()) + 1
+    assert float(stats.return_rms.count) > 1 and np.all(np.isfinite(np.asarray(stats.obs_rms.var)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("env, layout", [("envpool:CartPole-v1", {}), ("gymnasium:CartPole-v1", {"num_learner_devices": 2}),
                                          ("envpool:CartPole-v1", {"num_learner_groups": 2})])
 def test_pqn_ray_cells_of_the_capability_table_run(cluster, env, layout):

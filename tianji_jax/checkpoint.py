@@ -20,7 +20,9 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   (``includes_replay``), whether the run can be resumed from it (``resumable``) and whether the
   run had finished (``finished``); async runs add ``async_counters`` (buffer and rate-limiter
   counters of the cut, ``in_flight`` env steps it leaves out, DQN's epsilon), ``has_actor``
-  (False for host-env actors, whose env state is not saved) and ``stacked_actors`` (the number of
+  (False for host-env actors, whose env state is not saved; their ``state.actor`` is None, or,
+  for an on-policy run that normalises, the run's observation/return statistics as a
+  :class:`~tianji_jax.runtime.host_normalize.HostNormStats`) and ``stacked_actors`` (the number of
   actor states stacked on a leading axis of ``state.actor`` when there are several, else 0).
 
 Saving is asynchronous: :meth:`RunCheckpointer.save` returns once the arrays are copied to the

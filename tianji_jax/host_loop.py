@@ -253,12 +253,15 @@ def async_restore(restored: Any) -> dict | None:
         return None
     meta, state = restored.meta, restored.state
     counters = meta["async_counters"]
-    restore = {"learner": state.learner, "counters": counters, "env_steps": restored.step,
+    from tianji_jax.runtime.host_normalize import HostNormStats
+
+    norm = state.actor if isinstance(state.actor, HostNormStats) else None  # host actors' statistics
+    restore = {"learner": state.learner, "counters": counters, "env_steps": restored.step, "norm": norm,
                "actors": (unstack_actors(state.actor, meta.get("stacked_actors", 0))
-                          if state.actor is not None else None)}
+                          if state.actor is not None and norm is None else None)}
     if hasattr(state, "replay"):
         restore["replay"] = state.replay
-    host = state.actor is None
+    host = state.actor is None or norm is not None
     print(f"resuming the async run at policy version {int(state.learner.version)} ({restored.step} env steps): "
           f"{int(counters.get('in_flight', 0))} env steps inserted after the checkpoint (and any rollout then in "
           "progress) are discarded and acted again" + ("; host envs are re-seeded and reset (their episodes in progress are lost)" if host else ""),

@@ -125,11 +125,12 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
 
     After each row the checkpoint cut of that version (:meth:`AsyncOnPolicy.cut`: the learner state,
     each gymnax actor's state right after its newest consumed rollout, the queue's counters; host
-    actors have no saved state) is checkpointed from the host loop; a resume continues from it.
+    actors save only the run's normalisation statistics, when they normalise) is checkpointed from the host loop; a resume continues from it.
     Multi-host: the learner state is replicated and process 0's checkpoint holds it with process
     0's actors and counters; every other process writes its own actors and counters as its part
     of the same cut (:meth:`~tianji_jax.run_files.RunFiles.maybe_save`)."""
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
+    from tianji_jax.runtime.host_normalize import SharedStatistics
 
     wired = AsyncOnPolicy(config, restore=host_loop.async_restore(files.restored))
     print(wired.describe_placement(), file=sys.stderr, flush=True)
@@ -166,6 +167,10 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
         obs_rms = (jax.device_put(actors[group].obs_rms, wired.eval_sharding if group == 0 else wired.group_devices[group])
                    if actors[0] is not None else None)
         saved = OnPolicyTrainState(stack_actors(actors), learner)
+        norm = snap["cut"].get("norm")  # host actors that normalise: the run's statistics of this version
+        if norm is not None:
+            obs_rms = jax.device_put(norm.obs_rms, wired.eval_sharding)
+            saved = OnPolicyTrainState(norm, learner)
         meta = {"has_actor": actors[0] is not None,
                 "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
                 "async_counters": snap["cut"]["counters"], "learner_group": group}
@@ -175,8 +180,11 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
 
     stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
                                   total=config.num_updates, make_row=make_row, close=wired.close)
-    # the threads have stopped; actor 0 as the final learner version consumed it
-    return OnPolicyTrainState(wired.consumed_actor_states[0], wired.local_learner_state), stopped
+    # the threads have stopped; actor 0 as the final learner version consumed it (host actors that
+    # normalise: the run's statistics as published with that version, as its checkpoint holds them)
+    actor = (wired.consumed_actor_states[0] if wired.host_norm is None else
+             SharedStatistics.as_state(wired.published_norm))  # published with the final version
+    return OnPolicyTrainState(actor, wired.local_learner_state), stopped
 
 
 def _distributed_local(config: OnPolicyConfig, state: Any) -> Any:

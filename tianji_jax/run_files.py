@@ -362,7 +362,13 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
         trainer = make_train(config)
         if not has_actor or config.env_spec.on_host:
             agent = trainer.agent
-            return PPOTrainState(None, jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key))
+            learner = jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key)
+            if config.env_spec.on_host and (config.normalize_observations or config.scale_rewards):
+                from tianji_jax.runtime.host_normalize import SharedStatistics  # the run's statistics
+
+                return PPOTrainState(jax.eval_shape(
+                    lambda: SharedStatistics(config.env_spec.observation_space.shape).state()), learner)
+            return PPOTrainState(None, learner)
         state = jax.eval_shape(trainer.init, key)
     if stacked_actors:
         state = state.replace(actor=jax.tree.map(

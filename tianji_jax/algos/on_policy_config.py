@@ -76,9 +76,13 @@ class OnPolicyConfig(_AgentConfig):
     max_grad_norm: float = 0.5
     """Global-norm gradient clipping threshold, > 0."""
     normalize_observations: bool = False
-    """Normalise observations by running mean/std kept in the train state."""
+    """Normalise observations by a running mean/std (clipped to [-10, 10]) kept in the train state.
+    Every env backend: gymnax envs in the actor's compiled rollout; envpool/gymnasium envs on the
+    async runtime's host actors (threads or Ray), their statistics merged by the learner and
+    published with the params (not with num_learner_groups > 1 or num_processes > 1)."""
     scale_rewards: bool = False
-    """Divide rewards by the running std of the discounted return (kept in the train state)."""
+    """Divide rewards by the running std of the discounted return (kept in the train state); the
+    same backends as ``normalize_observations``."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the separate actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"

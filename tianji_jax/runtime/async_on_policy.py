@@ -27,6 +27,7 @@ from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
 from tianji_jax.runtime.host_actor import HostActor
+from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
 
@@ -123,7 +124,13 @@ class AsyncOnPolicy:
         timers: cumulative seconds ``rollout_s`` (inference + env step, fused on the actor device),
             ``h2d_s`` (params to the actor device and trajectories to the learner device) and
             ``update_s`` (learner update): a :class:`~tianji_jax.runtime.async_runtime.PhaseTimers`.
-        obs_rms: actor 0's newest observation statistics.
+        obs_rms: actor 0's newest observation statistics (gymnax actors); the run's shared
+            statistics with host actors that normalise (None without normalisation).
+        host_norm: host actors with ``normalize_observations`` / ``scale_rewards``: the run's
+            :class:`~tianji_jax.runtime.host_normalize.SharedStatistics`, merged from every
+            trajectory as it is produced (:meth:`to_learner`) and published with the params (the actors receive
+            ``(params, statistics)``); ``restore["norm"]`` (a
+            :class:`~tianji_jax.runtime.host_normalize.HostNormStats`) continues them. None otherwise.
         consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
     """
@@ -195,19 +202,23 @@ class AsyncOnPolicy:
         self.host_actors: list[HostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
         self.watchdog = None
+        self.host_norm = None
         if config.env_spec.on_host:
             self._actor_states = [None] * config.num_actors
-            self.obs_rms = None
+            if config.normalize_observations or config.scale_rewards:
+                self.host_norm = SharedStatistics(config.env_spec.observation_space.shape,
+                                                  None if restore is None else restore.get("norm"))
             try:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, group=i % groups),
+                    self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, i % groups, i),
                                                self.timers.since, seed=env_seed)
                 else:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
-                                                          partial(self.to_learner, group=i % groups), self.timers.since,
+                                                          partial(self.to_learner, group=i % groups, actor_id=i),
+                                                          self.timers.since,
                                                           seed=env_seed))
             except BaseException:
                 self.close()
@@ -222,12 +233,12 @@ class AsyncOnPolicy:
             else:
                 states = [self.parts.init_actor(k) for k in actor_keys]
             self._actor_states = [jax.device_put(st, self.actor_device) for st in states]
-            self.obs_rms = self._actor_states[0].obs_rms
+            self._obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         try:
             self.runner = AsyncRunner(
                 actors=actors, learn=self._learn_item,
-                initial_params=self.local_learner_state.params, num_updates=config.updates_per_group,
+                initial_params=self._published(self.local_learner_state.params), num_updates=config.updates_per_group,
                 item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
                 queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
                 initial_version=int(self.local_learner_state.version), num_groups=groups)
@@ -245,6 +256,22 @@ class AsyncOnPolicy:
             local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
             self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
             self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+
+    @property
+    def obs_rms(self) -> Any:
+        """The newest observation statistics evaluation reads (see the class docstring)."""
+        if self.host_norm is not None:
+            return self.host_norm.state().obs_rms if self.config.normalize_observations else None
+        return getattr(self, "_obs_rms", None)
+
+    def _published(self, params: Any) -> Any:
+        """What the actors receive for ``params``: the params, paired with a copy of the run's
+        statistics when host actors normalise (kept as :attr:`published_norm` for the checkpoint
+        cut of this version)."""
+        if self.host_norm is None:
+            return params
+        self.published_norm = self.host_norm.published()
+        return params, self.published_norm
 
     @property
     def learner_state(self) -> LearnerState:
@@ -270,10 +297,15 @@ class AsyncOnPolicy:
         params: the learner sharding on one host, this process's first learner device with several."""
         return self.learner_device if self.multi else self._replicated
 
-    def to_learner(self, traj: dict, group: int = 0) -> dict:
+    def to_learner(self, traj: dict, group: int = 0, actor_id: int = 0) -> dict:
         """Place a trajectory on the learner: its device (learner group ``group``'s with learner
         groups), or sharded along the env axis ``N`` over the data-parallel learner devices
-        (``NamedSharding`` over the ``"data"`` mesh axis)."""
+        (``NamedSharding`` over the ``"data"`` mesh axis). A host actor's ``"norm_delta"``
+        (actor ``actor_id``'s statistics while producing it) is merged into :attr:`host_norm`
+        here, as the trajectory is produced (the actor's thread; Ray: the driver's thread receiving it)."""
+        if "norm_delta" in traj:
+            traj = dict(traj)
+            self.host_norm.add(traj.pop("norm_delta"), actor_id)
         if self.mesh is None:
             return jax.device_put(traj, self.group_devices[group])
         if self.multi:  # this process's columns of the global trajectory (env axis num_processes * N wide)
@@ -317,7 +349,10 @@ class AsyncOnPolicy:
         and the actors roll out again from the cut, with the newest params (under ``one_step`` /
         ``relaxed`` the resumed run is therefore not bit-identical to an uninterrupted one)."""
         counters = {**self.runner.buffer.cut_counters(), "dropped_partial": self.env_steps_discarded}
-        return {"actors": list(self.consumed_actor_states), "counters": counters}
+        cut = {"actors": list(self.consumed_actor_states), "counters": counters}
+        if self.host_norm is not None:  # the statistics published with this version
+            cut["norm"] = SharedStatistics.as_state(self.published_norm)
+        return cut
 
     def describe_placement(self) -> str:
         """One line naming the devices chosen."""
@@ -349,13 +384,17 @@ class AsyncOnPolicy:
                 jax.block_until_ready(traj)
             self._actor_states[i] = state
             if i == 0:
-                self.obs_rms = state.obs_rms
+                self._obs_rms = state.obs_rms
             with self.timers.span("h2d_s"):
                 traj = jax.block_until_ready(self.to_learner(traj, self.runner.group_of(i)))
             return (traj, state), self.config.batch_size  # the state after it: a checkpoint cut's actor half
         return act
 
     def _learn_item(self, item, version: int):
+        params, metrics = self._update(item, version)
+        return self._published(params), metrics  # host actors that normalise: with the statistics
+
+    def _update(self, item, version: int):
         traj = item.data
         if not self.config.env_spec.on_host:  # gymnax: (trajectory, actor state right after it)
             traj, self.consumed_actor_states[item.actor_id] = item.data

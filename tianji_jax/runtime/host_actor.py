@@ -18,7 +18,9 @@ import numpy as np
 
 from tianji_jax.config import DQNConfig, PPOConfig
 from tianji_jax.envs.host import HostStep
+from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker
+from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
 
 __all__ = ["HostActor", "host_env_seed", "make_host_evaluate", "on_policy_host_actor", "fold_key"]
 
@@ -72,6 +74,14 @@ class HostActor:
         seed: run seed the envs' seeds derive from (:func:`host_env_seed`); default
             ``config.seed`` (a resumed run passes a fresh one: host env state is not checkpointed).
 
+    With ``config.normalize_observations`` / ``config.scale_rewards`` (on-policy configs) the actor
+    owns a :class:`~tianji_jax.runtime.host_normalize.HostNormalizer`: the published params are
+    then a pair ``(params, statistics)`` (the run's statistics, see
+    :mod:`tianji_jax.runtime.host_normalize`), observations are acted on and stored normalised
+    (float32), rewards stored scaled, and each trajectory carries the statistics folded in while
+    producing it under the key ``"norm_delta"`` (host objects; the runtime takes it out before
+    the trajectory goes to the learner's device).
+
     Attributes:
         chunker: the :class:`TrajectoryChunker`; ``chunker.transitions_discarded`` counts env steps
             dropped because a new rollout started with newer params (see :meth:`__call__`).
@@ -92,8 +102,12 @@ class HostActor:
         seed = config.seed if seed is None else seed
         self.env = spec.make_host_env(config.num_envs, host_env_seed(seed, actor_id, config.num_envs),
                                       config.env_batch_size, atari=getattr(config, "atari_settings", None))
-        self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, spec.observation_space,
-                                                     spec.action_space)
+        self.normalizer = HostNormalizer.for_config(config)
+        obs_space = spec.observation_space
+        if self.normalizer is not None and self.normalizer.normalize_observations:
+            obs_space = Box(obs_space.shape, np.dtype(np.float32), np.full(obs_space.shape, -np.inf),
+                            np.full(obs_space.shape, np.inf))  # stored normalised
+        self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, obs_space, spec.action_space)
         self.key = jax.device_put(key, actor_device)
         self.env_steps = 0
         self.item_steps = config.num_envs * config.num_steps
@@ -112,6 +126,9 @@ class HostActor:
             :meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.pop` as arrays on the learner's
             device.
         """
+        if self.normalizer is not None:  # the published pair: params and the run's statistics
+            params, statistics = params
+            self.normalizer.sync(statistics)
         t0 = time.perf_counter()
         params = jax.block_until_ready(jax.device_put(params, self.actor_device))
         self._time("h2d_s", t0)
@@ -120,7 +137,7 @@ class HostActor:
         self._version = version
         t0 = time.perf_counter()
         if self._step is None:
-            self._step = self.env.reset()
+            self._step = self._wrap(self.env.reset())
         infer_s = env_s = 0.0
         while not self.chunker.ready():
             step = self._step
@@ -128,12 +145,14 @@ class HostActor:
             env_action, action, log_prob, value = self._act(params, step)
             t2 = time.perf_counter()
             self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version)
-            self._step = self.env.step(np.asarray(env_action), step.env_id)
+            self._step = self._wrap(self.env.step(np.asarray(env_action), step.env_id))
             self.env_steps += len(self._step)
             self.chunker.record_step(self._step)
             infer_s += t2 - t1
             env_s += time.perf_counter() - t2
         traj = self.chunker.pop()
+        if self.normalizer is not None:
+            traj["norm_delta"] = self.normalizer.take_delta()
         self._time("rollout_s", t0)
         self._add("inference_s", infer_s)
         self._add("env_step_s", env_s)
@@ -141,6 +160,10 @@ class HostActor:
         traj = jax.block_until_ready(self.to_learner(traj))
         self._time("h2d_s", t0)
         return traj, self.item_steps
+
+    def _wrap(self, step: HostStep) -> HostStep:
+        """``step`` as the policy and the chunker see it: normalised/scaled when configured."""
+        return step if self.normalizer is None else self.normalizer(step)
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(env_action, action, log_prob, value)`` as host arrays for ``step``'s ``B`` envs:
@@ -164,7 +187,9 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
 
     ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
     with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
-    ``obs_rms`` is unused (host backends do not normalise observations). An episode is a full game
+    with ``config.normalize_observations`` it acts on observations normalised by ``obs_rms`` (a
+    :class:`~tianji_jax.algos.normalization.RunningMeanStd`, frozen: read, never updated), else
+    ``obs_rms`` is unused. An episode is a full game
     for envpool Atari (:mod:`tianji_jax.envs.host`), played without episodic life or reward
     clipping (sticky actions as ``config.atari_settings``, where the config has them); it is cut
     after the spec's time limit.
@@ -179,6 +204,7 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
 
     def evaluate(params: Any, obs_rms: Any, key: jax.Array):
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        norm = MeanStd.from_running(obs_rms) if getattr(config, "normalize_observations", False) else None
         env = spec.make_host_env(num_episodes, seed, evaluation=True, atari=getattr(config, "atari_settings", None))
         try:
             returns = np.zeros(num_episodes, np.float32)
@@ -186,7 +212,7 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
             finished = np.zeros(num_episodes, bool)
             step = env.reset()
             for _ in range(2 * limit + 2):  # reset steps after lost lives count too
-                action = np.asarray(greedy(params, step.obs))
+                action = np.asarray(greedy(params, step.obs if norm is None else norm.normalize(step.obs)))
                 step = env.step(action, step.env_id)
                 ended = (step.episode_length > 0) & ~finished[step.env_id]
                 returns[step.env_id[ended]] = step.episode_return[ended]
