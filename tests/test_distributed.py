@@ -222,6 +222,22 @@ def test_survivor_exits_nonzero_with_a_tianji_line_naming_the_dead_process(tmp_p
     # nothing but the tianji line between the last update and it (jax's report comes after)
     assert idx == after_training + 1 or all(not line.strip() or "params_sha256" in line
                                             for line in lines[after_training + 1: idx]), lines[after_training:idx + 3]
+    # what survives: the survivor's newest complete checkpoint, the replicas' state at its update
+    # (the digest both processes logged for it), with whole counters: every env step of the
+    # cut consumed once (one 4 x 16 chunk per process and update), inserted or in flight
+    from tianji_jax.runtime.distributed import params_digest
+
+    loaded = tj.load(tmp_path / "run0")
+    version = int(loaded.state.learner.version)
+    assert version >= 2 and loaded.step == version * 2 * 64
+    digest = params_digest(loaded.state.learner.params)
+    assert digest == _digests(procs[0].text)[version] == _digests(procs[1].text).get(version, digest)
+    c = loaded.meta["async_counters"]
+    assert c["taken"] == version * 64 and c["sampled"] == c["taken"] and c["dropped_stale"] == 0, c
+    assert c["in_flight"] >= 0 and c["dropped_partial"] >= 0, c
+    rows = loaded.rows
+    assert [int(r["update"]) for r in rows] == list(range(1, version + 1))
+    assert all(int(r["env_steps"]) == int(r["update"]) * 2 * 64 for r in rows)
 
 
 @pytest.mark.parametrize("kwargs, match", [
