@@ -1,7 +1,8 @@
-"""Recurrent PPO (LSTM, GRU) in the Anakin runtime: the network's step and sequence forms and its
-reset semantics, the actor's carried state and the trajectory keys, the config's refusals, the
-evaluation that carries the state, compile reuse, exact resume, and (slow) learning on partially
-observed CartPole where feed-forward PPO cannot."""
+"""Recurrent PPO (LSTM, GRU) in the Anakin runtime and on the async runtime's device actors: the
+network's step and sequence forms and its reset semantics, the actor's carried state and the
+trajectory keys, the config's refusals, the evaluation that carries the state, compile reuse,
+exact resume (both runtimes), async ``sync`` == Anakin, and (slow) learning on partially observed
+CartPole where feed-forward PPO cannot."""
 
 from __future__ import annotations
 
@@ -94,13 +95,15 @@ def test_sequence_equals_stepping(cell):
 @pytest.mark.parametrize("changes, message", [
     (dict(recurrent="rnn"), r"^recurrent must be one of \('none', 'lstm', 'gru'\), got 'rnn'$"),
     (dict(rnn_hidden_size=0), r"^rnn_hidden_size must be >= 1, got 0$"),
-    (dict(runtime="async"), r"^recurrent='lstm' needs runtime='anakin', got runtime='async': the async runtime's "),
+    (dict(runtime="async", num_processes=2, coordinator="127.0.0.1:1234"),
+     r"^recurrent='lstm' is not supported with num_processes=2 yet"),
     (dict(num_envs=6, num_minibatches=4, total_env_steps=6 * 16 * 4),
      r"^num_minibatches=4 must divide num_envs=6 with recurrent='lstm' \(each minibatch is whole env columns\); "
      r"allowed values: \[1, 2, 3, 6\]$"),
-    (dict(env="gymnasium:CartPole-v1", runtime="async", recurrent="gru"), r"^recurrent='gru' needs runtime='anakin'"),
-    (dict(env="gymnasium:CartPole-v1"), r"^recurrent='lstm' needs a gymnax env \(the Anakin runtime\), got env "
-                                         r"'gymnasium:CartPole-v1' on backend 'gymnasium'"),
+    (dict(env="gymnasium:CartPole-v1", runtime="async", recurrent="gru"),
+     r"^recurrent='gru' needs a gymnax env \(host actors do not carry the recurrent state yet\)"),
+    (dict(env="gymnasium:CartPole-v1"), r"^recurrent='lstm' needs a gymnax env \(host actors do not carry the "
+                                         r"recurrent state yet\), got env 'gymnasium:CartPole-v1' on backend 'gymnasium'"),
 ])
 def test_config_refusals_are_one_line(changes, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -240,6 +243,56 @@ def test_exact_resume_and_load_evaluate(tmp_path):
     a = tj.evaluate(final.config, final.state, num_episodes=3, seed=1)
     b = tj.evaluate(config, full.state, num_episodes=3, seed=1)
     np.testing.assert_array_equal(a["returns"], b["returns"])
+
+
+# ---- the async runtime's device actors ----------------------------------------------------------------
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_async_sync_schedule_equals_anakin_and_is_reproducible(cell):
+    """Device actors carry the core's state in their actor state; each trajectory holds it at its
+    first step (``hidden_init``) and the learner's BPTT starts from it, so ``sync`` (rollout v
+    with params v) is Anakin's computation, split over two devices."""
+    config = tj.PPOConfig(**{**SMALL, "recurrent": cell, "total_env_steps": 4 * 16 * 3})
+    anakin = tj.train(config, progress=False)
+    a1 = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+    a2 = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5),
+                 anakin.params, a1.params)
+    jax.tree.map(np.testing.assert_array_equal, a1.params, a2.params)
+    for x, y in zip(jax.tree.leaves(anakin.state.actor.hidden), jax.tree.leaves(a1.state.actor.hidden)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)  # the carried state too
+    assert a1.curve["policy_lag_max"].max() == 0
+
+
+def test_async_relaxed_and_data_parallel_learners_run():
+    """Two relaxed actors feeding two data-parallel learner devices (the carried state sharded
+    with the env columns): within the lag bound, finite params, every update done."""
+    config = tj.PPOConfig(**{**SMALL, "runtime": "async", "schedule": "relaxed", "num_actors": 2, "max_policy_lag": 1,
+                             "num_learner_devices": 2, "total_env_steps": 4 * 16 * 4})
+    result = tj.train(config, progress=False)
+    assert result.curve["update"][-1] == 4 and np.all(result.curve["policy_lag_max"] <= 1)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.params))
+
+
+def test_async_exact_resume_with_the_carried_state(tmp_path):
+    """``sync``: two rows straight equal one row, a checkpoint (the actor's carried core state
+    included) and a resume, bit for bit."""
+    config = tj.PPOConfig(**{**SMALL, "runtime": "async", "schedule": "sync"})
+    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+
+    def stop_after_first(row):
+        raise _Interrupt
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(_Interrupt):
+        tj.train(config, run_dir=run_dir, progress=False, callback=stop_after_first)
+    loaded = tj.load(run_dir)
+    assert int(loaded.state.learner.version) == 2 and loaded.state.actor.hidden is not None
+    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
+    flat_full, tree_full = jax.tree_util.tree_flatten_with_path(full.state)
+    flat_res, tree_res = jax.tree_util.tree_flatten_with_path(resumed.state)
+    assert tree_full == tree_res
+    for (path, a), (_, b) in zip(flat_full, flat_res):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
 
 
 # ---- learning (slow) ------------------------------------------------------------------------------------

@@ -218,8 +218,9 @@ class OnPolicyConfig(_AgentConfig):
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
         self._check_env(spec)
         if self.recurrent != "none" and spec.backend != "gymnax":
-            raise ValueError(f"recurrent={self.recurrent!r} needs a gymnax env (the Anakin runtime), got env "
-                             f"{self.env!r} on backend {spec.backend!r}; allowed: recurrent='none' with this env")
+            raise ValueError(f"recurrent={self.recurrent!r} needs a gymnax env (host actors do not carry the "
+                             f"recurrent state yet), got env {self.env!r} on backend {spec.backend!r}; allowed: "
+                             "recurrent='none' with this env")
         _check_torso(self, tuple(spec.observation_shape))
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         _check_int("num_processes", self.num_processes, minimum=1)
@@ -341,9 +342,10 @@ _RECURRENT = ("none", "lstm", "gru")
 
 
 def _check_recurrent(config: OnPolicyConfig) -> None:
-    """``recurrent`` and ``rnn_hidden_size``, and what a recurrent run needs for now: the Anakin
-    runtime (the async trajectory queue and host actors do not carry the core's state yet) and
-    ``num_minibatches`` dividing ``num_envs`` (recurrent minibatches are whole env columns).
+    """``recurrent`` and ``rnn_hidden_size``, and what a recurrent run needs for now: gymnax envs
+    (Anakin, or the async runtime's device actors, whose trajectories carry the core's state at
+    their first step; host actors do not carry it yet), one process, and ``num_minibatches``
+    dividing ``num_envs`` (recurrent minibatches are whole env columns).
 
     Raises:
         ValueError / TypeError: one line naming the field, the value and what is allowed.
@@ -353,9 +355,9 @@ def _check_recurrent(config: OnPolicyConfig) -> None:
     _check_int("rnn_hidden_size", config.rnn_hidden_size, minimum=1)
     if config.recurrent == "none":
         return
-    if config.runtime != "anakin":
-        raise ValueError(f"recurrent={config.recurrent!r} needs runtime='anakin', got runtime={config.runtime!r}: the "
-                         "async runtime's trajectory queue and host actors do not carry the recurrent state yet")
+    if getattr(config, "num_processes", 1) > 1:
+        raise ValueError(f"recurrent={config.recurrent!r} is not supported with num_processes={config.num_processes} "
+                         "yet (the global trajectory does not carry the recurrent state); allowed: num_processes=1")
     if config.num_envs % config.num_minibatches:
         raise ValueError(f"num_minibatches={config.num_minibatches} must divide num_envs={config.num_envs} with "
                          f"recurrent={config.recurrent!r} (each minibatch is whole env columns); allowed values: "

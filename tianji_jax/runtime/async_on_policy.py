@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tianji_jax.algos.on_policy import TRAJECTORY_KEYS, LearnerState, OnPolicyAgent
+from tianji_jax.algos.on_policy import RECURRENT_TRAJECTORY_KEYS, TRAJECTORY_KEYS, LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
@@ -81,8 +81,9 @@ def _distributed(config: OnPolicyConfig):
 
 
 def _traj_spec(key: str) -> P:
-    """Trajectory leaves are ``(T, N, ...)`` (``last_obs`` is ``(N, ...)``): shard the env axis N."""
-    return P("data") if key == "last_obs" else P(None, "data")
+    """Trajectory leaves are ``(T, N, ...)`` (``last_obs`` and a recurrent agent's ``hidden_init``
+    are ``(N, ...)``): shard the env axis N."""
+    return P("data") if key in ("last_obs", "hidden_init") else P(None, "data")
 
 
 class AsyncOnPolicy:
@@ -165,7 +166,8 @@ class AsyncOnPolicy:
                 if self.mesh is None:
                     learn = jax.jit(parts.learn)
                 else:
-                    specs = {k: _traj_spec(k) for k in TRAJECTORY_KEYS}
+                    keys = TRAJECTORY_KEYS + (RECURRENT_TRAJECTORY_KEYS if parts.recurrent else ())
+                    specs = {k: _traj_spec(k) for k in keys}
                     # check_vma=False: pmap semantics. With it on, the gradient w.r.t. replicated
                     # params would already be summed over the axis, and the update's pmean would then
                     # return the sum of the replicas' gradients instead of their mean.
