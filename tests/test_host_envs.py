@@ -509,6 +509,37 @@ def test_chunker_bad_input():
     assert spec_c.action_shape == (2,) and spec_c.action_dtype == np.float32
 
 
+def test_chunker_extra_columns_travel_with_their_transitions():
+    """The actor's extra columns (a recurrent core's state and reset flag) are stored with the
+    transition they were recorded with, across ring growth, and validated like the others."""
+    with pytest.raises(ValueError, match=r"extra: column names \['obs'\] are taken"):
+        TrajectoryChunker(2, 2, (3,), extra={"obs": ((1,), np.float32)})
+    c = TrajectoryChunker(2, 2, (3,), extra={"carry_0": ((4,), np.float32), "reset": ((), np.bool_)},
+                          initial_capacity=2)
+    obs = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match=r"extra must name the columns \['carry_0', 'reset'\], got \[\]"):
+        c.record_action([0, 1], obs, [0, 1], [0.0, 0.0], [0.0, 0.0], 0)
+    with pytest.raises(ValueError, match=r"carry_0: expected shape \(2, 4\)"):
+        c.record_action([0, 1], obs, [0, 1], [0.0, 0.0], [0.0, 0.0], 0,
+                        {"carry_0": np.zeros((2, 5), np.float32), "reset": np.zeros(2, bool)})
+    for t in range(5):  # env 1 runs ahead: the ring grows past its 2 slots
+        ids = [0, 1] if t < 2 else [1]
+        c.record_action(ids, obs[:len(ids)], ids, [0.0] * len(ids), [0.0] * len(ids), 0,
+                        {"carry_0": np.full((len(ids), 4), 10 * t + np.asarray(ids, np.float32)[:, None]),
+                         "reset": np.asarray(ids) == t})
+        n = len(ids)
+        c.record_step(HostStep(env_id=np.asarray(ids, np.int32), obs=obs[:n], reward=np.zeros(n, np.float32),
+                               terminated=np.zeros(n, bool), truncated=np.zeros(n, bool), final_obs=obs[:n],
+                               valid=np.ones(n, bool), episode_return=np.zeros(n, np.float32),
+                               episode_length=np.zeros(n, np.int32)))
+    out = c.pop()
+    np.testing.assert_array_equal(out["carry_0"][:, :, 0], [[0, 1], [10, 11]])
+    np.testing.assert_array_equal(out["reset"], [[True, False], [False, True]])
+    assert c.capacity >= 4 and c.counts.tolist() == [0, 3]
+    c.record_action([0], obs[:1], [0], [0.0], [0.0], 0, {"carry_0": np.ones((1, 4), np.float32),
+                                                            "reset": np.zeros(1, bool)})
+
+
 # ---- the two together: envpool async + chunker --------------------------------------------------
 def test_envpool_async_into_chunker():
     n, t = 8, 6

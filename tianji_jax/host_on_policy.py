@@ -31,9 +31,14 @@ def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_epi
     """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` of ``config`` on
     ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
     ``trainer``'s network; compiled once per config and episode count. A recurrent agent's policy
-    carries its core's state through each episode (:func:`~tianji_jax.evaluation.make_recurrent_evaluate`;
-    gymnax envs only, as its config requires)."""
+    carries its core's state through each episode (:func:`~tianji_jax.evaluation.make_recurrent_evaluate`
+    on gymnax envs; on host envs :func:`~tianji_jax.runtime.host_actor.make_host_evaluate` with the
+    agent's ``greedy_step``)."""
     agent = trainer.agent
+    if agent.recurrent and config.env_spec.on_host:
+        from tianji_jax.runtime.host_actor import make_host_evaluate
+
+        return make_host_evaluate(config, jax.jit(agent.greedy_step), num_episodes, initial_carry=agent.initial_carry)
     if agent.recurrent:
         return make_recurrent_evaluate(config.env_spec, agent.apply_step, agent.initial_carry, agent.continuous,
                                        num_episodes, config.normalize_observations,

@@ -179,6 +179,23 @@ class OnPolicyAgent:
         key, k_act = jax.random.split(key)
         return (*self.policy(params, obs.astype(jnp.float32), k_act, version), key)
 
+    def act_recurrent(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
+                      version: jax.Array) -> tuple[Any, ...]:
+        """One policy step for a recurrent host actor: the carry of ``obs``'s ``B`` envs (leaves
+        float32 ``(B, H)``), raw ``obs (B, *obs_shape)`` (cast to float32) and ``reset (B,)`` bool
+        (zero the carry first) -> ``(carry, env_action, action, log_prob (B,), value (B,), next_key)``
+        (see :meth:`policy_step`)."""
+        key, k_act = jax.random.split(key)
+        return (*self.policy_step(params, carry, obs.astype(jnp.float32), reset, k_act, version), key)
+
+    def greedy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, jax.Array]:
+        """Recurrent agents' deterministic step for host-env evaluation: ``(carry, env_action)``, the
+        mode of the policy (clipped to the Box bounds when continuous), as :meth:`apply_step`."""
+        from tianji_jax.algos import distributions
+
+        carry, actor_out, _ = self.apply_step(params, carry, obs.astype(jnp.float32), reset)
+        return carry, self.env_action(distributions.mode(actor_out, self.continuous))
+
     def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(actor_key, learner_key)`` from a run's seed key."""
         k_actor, k_learner = jax.random.split(key)

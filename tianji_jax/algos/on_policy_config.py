@@ -217,10 +217,6 @@ class OnPolicyConfig(_AgentConfig):
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
         self._check_env(spec)
-        if self.recurrent != "none" and spec.backend != "gymnax":
-            raise ValueError(f"recurrent={self.recurrent!r} needs a gymnax env (host actors do not carry the "
-                             f"recurrent state yet), got env {self.env!r} on backend {spec.backend!r}; allowed: "
-                             "recurrent='none' with this env")
         _check_torso(self, tuple(spec.observation_shape))
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         _check_int("num_processes", self.num_processes, minimum=1)
@@ -342,10 +338,10 @@ _RECURRENT = ("none", "lstm", "gru")
 
 
 def _check_recurrent(config: OnPolicyConfig) -> None:
-    """``recurrent`` and ``rnn_hidden_size``, and what a recurrent run needs for now: gymnax envs
-    (Anakin, or the async runtime's device actors, whose trajectories carry the core's state at
-    their first step; host actors do not carry it yet), one process, and ``num_minibatches``
-    dividing ``num_envs`` (recurrent minibatches are whole env columns).
+    """``recurrent`` and ``rnn_hidden_size``, and what a recurrent run needs for now: one process
+    (Anakin, or the async runtime's device or host actors, whose trajectories carry the core's
+    state at their first step) and ``num_minibatches`` dividing ``num_envs`` (recurrent
+    minibatches are whole env columns).
 
     Raises:
         ValueError / TypeError: one line naming the field, the value and what is allowed.

@@ -26,7 +26,7 @@ from tianji_jax.algos.on_policy import RECURRENT_TRAJECTORY_KEYS, TRAJECTORY_KEY
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
-from tianji_jax.runtime.host_actor import HostActor
+from tianji_jax.runtime.host_actor import HostActor, host_policy
 from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
@@ -173,7 +173,7 @@ class AsyncOnPolicy:
                     # return the sum of the replicas' gradients instead of their mean.
                     learn = jax.jit(jax.shard_map(partial(parts.learn, axis_name="data"), mesh=self.mesh,
                                                   in_specs=(P(), specs), out_specs=(P(), P()), check_vma=False))
-                _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, jax.jit(parts.act), parts)
+                _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, host_policy(parts), parts)
             self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
@@ -220,8 +220,9 @@ class AsyncOnPolicy:
                     for i, k in enumerate(actor_keys):
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
                                                           partial(self.to_learner, group=i % groups, actor_id=i),
-                                                          self.timers.since,
-                                                          seed=env_seed))
+                                                          self.timers.since, seed=env_seed,
+                                                          initial_carry=(self.parts.initial_carry
+                                                                         if self.parts.recurrent else None)))
             except BaseException:
                 self.close()
                 raise

@@ -86,6 +86,9 @@ class TrajectoryChunker:
         action_shape: shape of one env's action (``()`` for Discrete).
         action_dtype: dtype actions are stored in (``int32`` for Discrete, ``float32`` for Box).
         initial_capacity: ring slots per env, ``>= T`` (default ``2 * T``).
+        extra: more columns of the actor's half, ``{name: (shape, dtype)}`` per env (a recurrent
+            actor's core state and reset flag), given to :meth:`record_action` as ``extra`` and
+            returned by :meth:`pop` as ``(T, N, *shape)`` arrays under the same names.
 
     Raises:
         ValueError: a count below its minimum, or ``initial_capacity < num_steps``.
@@ -93,7 +96,8 @@ class TrajectoryChunker:
 
     def __init__(self, num_envs: int, num_steps: int, obs_shape: tuple[int, ...],
                  obs_dtype: Any = np.float32, action_shape: tuple[int, ...] = (),
-                 action_dtype: Any = np.int32, initial_capacity: int | None = None):
+                 action_dtype: Any = np.int32, initial_capacity: int | None = None,
+                 extra: dict[str, tuple[tuple[int, ...], Any]] | None = None):
         self.num_envs = _check_count("num_envs", num_envs, 1)
         self.num_steps = _check_count("num_steps", num_steps, 1)
         cap = 2 * self.num_steps if initial_capacity is None else initial_capacity
@@ -116,12 +120,17 @@ class TrajectoryChunker:
             "episode_length": ((), np.dtype(np.int32)),
             "policy_version": ((), np.dtype(np.int32)),
         }
+        self._extra = {k: (tuple(int(d) for d in shape), np.dtype(dtype)) for k, (shape, dtype) in (extra or {}).items()}
+        clash = sorted(set(self._extra) & (set(self._specs) | set(CHUNK_KEYS)))
+        if clash:
+            raise ValueError(f"extra: column names {clash} are taken by the chunk's own keys")
+        self._specs.update(self._extra)
+        self._actor_keys = ("obs", "action", "log_prob", "value", "policy_version", *self._extra)
         self._ring = {k: np.zeros((n, self.capacity, *shape), dtype)
                       for k, (shape, dtype) in self._specs.items()}
         self._head = np.zeros((n,), np.int64)
         self._count = np.zeros((n,), np.int64)
-        self._pending = {k: np.zeros((n, *self._specs[k][0]), self._specs[k][1])
-                         for k in ("obs", "action", "log_prob", "value", "policy_version")}
+        self._pending = {k: np.zeros((n, *self._specs[k][0]), self._specs[k][1]) for k in self._actor_keys}
         self._has_pending = np.zeros((n,), bool)
         self._stale_pending = np.zeros((n,), bool)
         self.transitions_discarded = 0
@@ -204,7 +213,7 @@ class TrajectoryChunker:
         return a.astype(dtype, copy=False)
 
     def record_action(self, env_id: Any, obs: Any, action: Any, log_prob: Any, value: Any,
-                      version: Any) -> None:
+                      version: Any, extra: dict[str, Any] | None = None) -> None:
         """Record the actor's half of one transition for each env in ``env_id``.
 
         Args:
@@ -215,10 +224,13 @@ class TrajectoryChunker:
             log_prob: ``(B,)`` behaviour log-probabilities of the actions.
             value: ``(B,)`` value estimates ``V(obs)`` at acting time.
             version: the policy version the actor acted with: an integer or ``(B,)`` integers.
+            extra: ``{name: (B, *shape)}`` for each of the constructor's ``extra`` columns (all of
+                them when there are any).
 
         Raises:
-            ValueError: bad ids, shapes or dtypes (message names the field), or an env that already
-                has a pending action (its step has not been recorded yet).
+            ValueError: bad ids, shapes or dtypes (message names the field), an ``extra`` that does
+                not name exactly the constructor's columns, or an env that already has a pending
+                action (its step has not been recorded yet).
         """
         ids = self._check_ids(env_id, "record_action")
         b = ids.shape[0]
@@ -238,6 +250,11 @@ class TrajectoryChunker:
             "value": self._cast("value", value, b, (), np.dtype(np.float32)),
             "policy_version": self._cast("version", ver, b, (), np.dtype(np.int32)),
         }
+        extra = extra or {}
+        if set(extra) != set(self._extra):
+            raise ValueError(f"record_action: extra must name the columns {sorted(self._extra)}, got {sorted(extra)}")
+        for k, (shape, dtype) in self._extra.items():
+            cols[k] = self._cast(k, extra[k], b, shape, dtype)
         for k, v in cols.items():
             self._pending[k][ids] = v
         self._has_pending[ids] = True
@@ -289,7 +306,7 @@ class TrajectoryChunker:
             self._grow()
         slot = (self._head[e] + self._count[e]) % self.capacity
         ring = self._ring
-        for k in ("obs", "action", "log_prob", "value", "policy_version"):
+        for k in self._actor_keys:
             ring[k][e, slot] = self._pending[k][e]
         final_obs = self._cast("final_obs", step.final_obs, b, self.obs_shape, self.obs_dtype)
         ring["final_obs"][e, slot] = final_obs[rows]
@@ -330,7 +347,8 @@ class TrajectoryChunker:
             acts on would be wrong after a truncation (it would be the final obs once more, then
             the next episode's first obs after the reset step, which belongs to another episode).
             ``episode_return``/``episode_length`` are non-zero only where an episode for statistics
-            ended. All arrays own their memory.
+            ended. All arrays own their memory. The constructor's ``extra`` columns are added
+            as ``(T, N, *shape)`` arrays.
 
         Raises:
             RuntimeError: some env has fewer than ``T`` transitions (the message gives the counts).
@@ -349,4 +367,4 @@ class TrajectoryChunker:
         self._count -= t
         self.transitions_out += t * self.num_envs
         self.chunks_out += 1
-        return {k: out[k] for k in CHUNK_KEYS}
+        return {k: out[k] for k in (*CHUNK_KEYS, *self._extra)}

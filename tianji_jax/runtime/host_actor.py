@@ -22,7 +22,7 @@ from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker
 from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
 
-__all__ = ["HostActor", "host_env_seed", "make_host_evaluate", "on_policy_host_actor", "fold_key"]
+__all__ = ["HostActor", "host_env_seed", "host_policy", "make_host_evaluate", "on_policy_host_actor", "fold_key"]
 
 
 def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
@@ -52,7 +52,14 @@ def on_policy_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
 
     parts = make_agent(config)
     key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
-    return HostActor(config, jax.jit(parts.act), actor_id, key, device, lambda traj: traj, timer, seed=seed)
+    return HostActor(config, host_policy(parts), actor_id, key, device, lambda traj: traj, timer, seed=seed,
+                     initial_carry=parts.initial_carry if parts.recurrent else None)
+
+
+def host_policy(agent: Any) -> Callable:
+    """The jitted acting step a :class:`HostActor` runs for an on-policy ``agent``:
+    :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`, or ``act_recurrent`` for a recurrent one."""
+    return jax.jit(agent.act_recurrent if agent.recurrent else agent.act)
 
 
 class HostActor:
@@ -88,13 +95,21 @@ class HostActor:
         env_steps: every env step taken, reset steps included.
         item_steps: env steps per returned trajectory, ``num_envs * num_steps``.
 
+    Recurrent agents (``initial_carry`` given): ``policy`` is
+    :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act_recurrent`; the actor keeps every env's
+    core state on the host (leaves ``(N, H)``), zeroes it where a row is a reset step (the first
+    obs of an episode: ``reset = ~valid``), records each transition's state before acting and its
+    reset flag in the chunker, and each trajectory gets ``hidden_init`` (every column's state at its
+    first transition, leaves ``(N, H)``) and ``reset`` ``(T, N)`` bool, so the learner's BPTT over a
+    column starts from the state the actor had there (acted with the trajectory's policy version).
+
     Subclasses change what is acted (:meth:`_act`) and what happens when leftovers are dropped
     (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.replay_host.ReplayHostActor`) does both.
     """
 
     def __init__(self, config: PPOConfig | DQNConfig, policy: Callable | None, actor_id: int, key: jax.Array,
                  actor_device: Any, to_learner: Callable[[dict], dict], timer: Callable[[str, float], None],
-                 seed: int | None = None):
+                 seed: int | None = None, initial_carry: Callable[[int], Any] | None = None):
         spec = config.env_spec
         self.config, self.policy, self.actor_id = config, policy, actor_id
         self.actor_device, self.to_learner, self._time = actor_device, to_learner, timer
@@ -107,7 +122,15 @@ class HostActor:
         if self.normalizer is not None and self.normalizer.normalize_observations:
             obs_space = Box(obs_space.shape, np.dtype(np.float32), np.full(obs_space.shape, -np.inf),
                             np.full(obs_space.shape, np.inf))  # stored normalised
-        self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, obs_space, spec.action_space)
+        extra = {}
+        self._carry = self._carry_def = None
+        if initial_carry is not None:  # a recurrent policy: every env's core state, kept on the host
+            leaves, self._carry_def = jax.tree.flatten(jax.device_get(initial_carry(config.num_envs)))
+            self._carry = [np.array(x, np.float32) for x in leaves]
+            extra = {"reset": ((), np.bool_), **{f"carry_{i}": (x.shape[1:], np.float32) for i, x in enumerate(leaves)}}
+        self._extra: dict | None = None  # the recurrent columns of the rows just acted on
+        self.chunker = TrajectoryChunker.from_spaces(config.num_envs, config.num_steps, obs_space, spec.action_space,
+                                                     extra=extra)
         self.key = jax.device_put(key, actor_device)
         self.env_steps = 0
         self.item_steps = config.num_envs * config.num_steps
@@ -144,13 +167,16 @@ class HostActor:
             t1 = time.perf_counter()
             env_action, action, log_prob, value = self._act(params, step)
             t2 = time.perf_counter()
-            self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version)
+            self.chunker.record_action(step.env_id, step.obs, action, log_prob, value, version, self._extra)
             self._step = self._wrap(self.env.step(np.asarray(env_action), step.env_id))
             self.env_steps += len(self._step)
             self.chunker.record_step(self._step)
             infer_s += t2 - t1
             env_s += time.perf_counter() - t2
         traj = self.chunker.pop()
+        if self._carry is not None:  # each column's core state at its first transition
+            traj["hidden_init"] = self._carry_def.unflatten(
+                [traj.pop(f"carry_{i}")[0] for i in range(len(self._carry))])
         if self.normalizer is not None:
             traj["norm_delta"] = self.normalizer.take_delta()
         self._time("rollout_s", t0)
@@ -169,9 +195,28 @@ class HostActor:
         """``(env_action, action, log_prob, value)`` as host arrays for ``step``'s ``B`` envs:
         the policy of the current version run on the actor device on ``step.obs`` (advances
         ``self.key``)."""
+        if self._carry is not None:
+            return self._act_recurrent(params, step)
         env_action, action, log_prob, value, self.key = self.policy(
             params, jax.device_put(step.obs, self.actor_device), self.key, np.int32(self._version))
         return jax.device_get((env_action, action, log_prob, value))
+
+    def _act_recurrent(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_act` of a recurrent policy: acts from the rows' core states (zeroed on reset
+        steps), stores their new states, and keeps the states before acting and the reset flags
+        for the chunker (``self._extra``)."""
+        ids = step.env_id
+        rows = [c[ids] for c in self._carry]
+        reset = ~np.asarray(step.valid, bool)
+        carry, env_action, action, log_prob, value, self.key = self.policy(
+            params, jax.device_put(self._carry_def.unflatten(rows), self.actor_device),
+            jax.device_put(step.obs, self.actor_device), jax.device_put(reset, self.actor_device), self.key,
+            np.int32(self._version))
+        carry, env_action, action, log_prob, value = jax.device_get((carry, env_action, action, log_prob, value))
+        for full, new in zip(self._carry, jax.tree.leaves(carry)):
+            full[ids] = new
+        self._extra = {"reset": reset, **{f"carry_{i}": r for i, r in enumerate(rows)}}
+        return env_action, action, log_prob, value
 
     def _discard(self) -> None:
         """A rollout starts with new params: drop the chunker's leftovers and in-flight actions."""
@@ -182,14 +227,17 @@ class HostActor:
         self.env.close()
 
 
-def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_episodes: int) -> Callable:
+def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_episodes: int,
+                       initial_carry: Callable[[int], Any] | None = None) -> Callable:
     """``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)`` on a host env.
 
     ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
     with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
     with ``config.normalize_observations`` it acts on observations normalised by ``obs_rms`` (a
     :class:`~tianji_jax.algos.normalization.RunningMeanStd`, frozen: read, never updated), else
-    ``obs_rms`` is unused. An episode is a full game
+    ``obs_rms`` is unused. A recurrent policy (``initial_carry(M)`` gives the zero core state) is
+    ``greedy(params, carry, obs, reset) -> (carry, env_action)``, its state carried through each
+    episode and zeroed on the first obs (``reset = ~valid``). An episode is a full game
     for envpool Atari (:mod:`tianji_jax.envs.host`), played without episodic life or reward
     clipping (sticky actions as ``config.atari_settings``, where the config has them); it is cut
     after the spec's time limit.
@@ -211,8 +259,17 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
             lengths = np.zeros(num_episodes, np.int32)
             finished = np.zeros(num_episodes, bool)
             step = env.reset()
+            carry = None if initial_carry is None else jax.tree.map(np.array, jax.device_get(initial_carry(num_episodes)))
             for _ in range(2 * limit + 2):  # reset steps after lost lives count too
-                action = np.asarray(greedy(params, step.obs if norm is None else norm.normalize(step.obs)))
+                obs = step.obs if norm is None else norm.normalize(step.obs)
+                if carry is None:
+                    action = np.asarray(greedy(params, obs))
+                else:  # the core state of the step's envs, by env id
+                    ids = step.env_id
+                    new, action = jax.device_get(greedy(params, jax.tree.map(lambda c: c[ids], carry), obs,
+                                                        ~np.asarray(step.valid, bool)))
+                    jax.tree.map(lambda full, rows: full.__setitem__(ids, rows), carry, new)
+                    action = np.asarray(action)
                 step = env.step(action, step.env_id)
                 ended = (step.episode_length > 0) & ~finished[step.env_id]
                 returns[step.env_id[ended]] = step.episode_return[ended]
