@@ -23,10 +23,12 @@ def _one_update(config):
     return ppo, placed, new, jax.device_get(metrics)
 
 
-def test_two_learners_equal_one_learner_on_the_full_batch():
+@pytest.mark.parametrize("network", [{}, {"recurrent": "lstm", "rnn_hidden_size": 8}], ids=["mlp", "lstm"])
+def test_two_learners_equal_one_learner_on_the_full_batch(network):
     # one minibatch per epoch: the global gradient does not depend on how the batch is shuffled, so
     # averaging the two shards' gradients (with global advantage statistics) must give the same update
-    cfg = dict(BASE, update_epochs=3, num_minibatches=1)
+    # (a recurrent learner's shard is whole env columns with their initial carries)
+    cfg = dict(BASE, update_epochs=3, num_minibatches=1, **network)
     _, _, one, m1 = _one_update(tj.PPOConfig(**cfg))
     ppo2, placed, two, m2 = _one_update(tj.PPOConfig(**cfg, num_learner_devices=2))
     assert len(ppo2.learner_devices) == 2 == len(jax.devices())

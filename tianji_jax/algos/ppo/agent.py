@@ -146,8 +146,9 @@ class PPOAgent(OnPolicyAgent):
         ``advantage_estimator='vtrace'`` the advantages and value targets come from
         :func:`~tianji_jax.algos.ppo.vtrace` (rho_bar = c_bar = 1, traces scaled by ``gae_lambda``)
         with the importance ratios of the learner's current policy over the behaviour policy.
-        A recurrent network's update (Anakin only, ``axis_name`` None) is :meth:`_learn_recurrent`:
-        the same estimators on V recomputed through the core, minibatches of whole env columns.
+        A recurrent network's update is :meth:`_learn_recurrent`: the same estimators on V
+        recomputed through the core, minibatches of whole env columns (of this replica's columns
+        under ``axis_name``, with the same key folding, global statistics and averaging).
         Metrics (float32/int32 scalars): episode sums and count, ``policy_lag_mean`` /
         ``policy_lag_max`` (learner version minus the stamps, computed here), loss metrics.
 
@@ -164,7 +165,7 @@ class PPOAgent(OnPolicyAgent):
             metrics and ``grad_norm``.
         """
         if self.recurrent:
-            return self._learn_recurrent(learner, traj)
+            return self._learn_recurrent(learner, traj, axis_name)
         cfg = self.config
         t, n = traj["reward"].shape
         flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
@@ -196,8 +197,10 @@ class PPOAgent(OnPolicyAgent):
         metrics.update(loss_metrics)  # already averaged (skips: already global) over the axis by ppo_update
         return LearnerState(params, opt_state, key, learner.version + 1), metrics
 
-    def _learn_recurrent(self, learner: LearnerState, traj: dict) -> tuple[LearnerState, dict[str, jax.Array]]:
-        """:meth:`learn` for a recurrent network (Anakin, one learner).
+    def _learn_recurrent(self, learner: LearnerState, traj: dict, axis_name: str | None = None
+                         ) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """:meth:`learn` for a recurrent network (one learner, or a replica of data-parallel ones
+        under ``axis_name``).
 
         V is recomputed as in the feed-forward case, here by re-running the trajectory through the
         core from ``hidden_init`` with the stored ``reset`` flags: ``V(s_t)`` from each step,
@@ -239,12 +242,15 @@ class PPOAgent(OnPolicyAgent):
             return out, env_major(value)
 
         key, k_update = jax.random.split(learner.key)
+        if axis_name is not None:
+            k_update = jax.random.fold_in(k_update, jax.lax.axis_index(axis_name))
         params, opt_state, loss_metrics = ppo_update(
             k_update, params, learner.opt_state, batch, apply_fn=apply_columns, tx=self.tx,
             update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
             loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
                              ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
-                             normalize_advantages=cfg.normalize_advantages))
-        metrics = episode_metrics(traj, learner.version)
+                             normalize_advantages=cfg.normalize_advantages),
+            axis_name=axis_name)
+        metrics = episode_metrics(traj, learner.version, axis_name)
         metrics.update(loss_metrics)
         return LearnerState(params, opt_state, key, learner.version + 1), metrics
