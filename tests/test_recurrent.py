@@ -107,15 +107,9 @@ def test_config_refusals_are_one_line(changes, message):
     assert "\n" not in str(err.value)
 
 
-def test_rnn_hidden_size_type_checked_and_pqn_refuses_recurrence():
+def test_rnn_hidden_size_type_checked():
     with pytest.raises(TypeError, match=r"^rnn_hidden_size must be an int, got 1\.5 \(float\)$"):
         tj.PPOConfig(**{**SMALL, "rnn_hidden_size": 1.5})
-    from tianji_jax.algos.pqn.config import PQNConfig
-
-    with pytest.raises(ValueError, match=r"^recurrent='gru': PQN has no recurrent Q-network yet; allowed: 'none'"):
-        PQNConfig(env=MASKED, recurrent="gru", num_envs=4, num_steps=16, num_minibatches=2,
-                  total_env_steps=4 * 16 * 4)
-    PQNConfig(env=MASKED, num_envs=4, num_steps=16, num_minibatches=2, total_env_steps=4 * 16 * 4)  # 'none' is fine
 
 
 def test_describe_names_the_core_and_feed_forward_is_unchanged():

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.networks import _ACT, NatureCNN, _custom_features, _dense, _image_torso
+from tianji_jax.networks import _ACT, NatureCNN, _custom_features, _dense, _image_torso, _norm
 
-__all__ = ["CELLS", "RecurrentActorCritic", "initial_carry", "reset_carry"]
+__all__ = ["CELLS", "RecurrentActorCritic", "RecurrentQNetwork", "initial_carry", "reset_carry"]
 
 CELLS = ("lstm", "gru")
 """Recurrent cores: ``"lstm"`` (:class:`flax.linen.OptimizedLSTMCell`) and ``"gru"`` (:class:`flax.linen.GRUCell`)."""
@@ -180,3 +180,47 @@ class RecurrentActorCritic(nn.Module):
         scan = nn.scan(_core_step, variable_broadcast="params", split_rngs={"params": False})
         _, (carries, ys) = scan(self.core, carry, (x, reset))
         return (carries, *self._heads(ys))
+
+
+class _QHead(nn.Module):
+    """Q-values on the core's output ``(..., H)``: for the ``mlp`` / ``small_cnn`` torsos an MLP of
+    ``hidden_sizes`` first (a LayerNorm after each hidden Dense with ``layer_norm``, as
+    :class:`~tianji_jax.networks.QNetwork`), then a linear head of ``action_dim`` values."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "relu"
+    torso: Any = "mlp"
+    layer_norm: bool = True
+
+    @nn.compact
+    def __call__(self, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.torso in ("mlp", "small_cnn"):
+            act = _ACT[self.activation]
+            for h in self.hidden_sizes:
+                y = act(_norm(self.layer_norm, _dense(h, np.sqrt(2))(y)))
+        q = _dense(self.action_dim, 1.0)(y)
+        return q, jnp.max(q, axis=-1)
+
+
+class RecurrentQNetwork(RecurrentActorCritic):
+    """Recurrent Q-network for PQN: the torso and core of :class:`RecurrentActorCritic`, then
+    :class:`_QHead` (PureJaxQL's recurrent PQN layout: an embedding, the core, a normalised MLP
+    and the Q head). ``continuous`` is unused (Discrete actions only).
+
+    Attributes:
+        layer_norm: a LayerNorm after every hidden Dense of the head's MLP.
+
+    ``__call__(carry, obs, reset) -> (carry, q (B, A), max_a q (B,))`` and :meth:`sequence` (leaves
+    ``(T, B, ...)``) as :class:`RecurrentActorCritic`, with the Q-values in place of the policy's
+    logits (their argmax is the greedy action) and ``max_a q`` in place of the value.
+    """
+
+    layer_norm: bool = True
+
+    def setup(self) -> None:
+        """The submodules: torso, core, Q head."""
+        self.features = _Features(self.hidden_sizes, self.activation, self.torso, self.obs_shape)
+        self.core = (nn.OptimizedLSTMCell(self.rnn_hidden_size) if self.cell == "lstm"
+                     else nn.GRUCell(self.rnn_hidden_size))
+        self.heads = _QHead(self.action_dim, self.hidden_sizes, self.activation, self.torso, self.layer_norm)

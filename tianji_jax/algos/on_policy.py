@@ -138,14 +138,26 @@ class OnPolicyAgent:
         raise NotImplementedError
 
     def initial_carry(self, batch: int) -> Any:
-        """Recurrent agents: the zero carry of ``batch`` envs (leaves float32 ``(batch, H)``)."""
-        raise NotImplementedError
+        """Recurrent agents: the zero carry of ``batch`` envs: ``(c, h)`` (LSTM) or ``h`` (GRU),
+        float32 ``(batch, H)`` (:func:`~tianji_jax.recurrent.initial_carry`)."""
+        from tianji_jax.recurrent import initial_carry
+
+        return initial_carry(self.config.recurrent, batch, self.config.rnn_hidden_size)
 
     def apply_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
-        """Recurrent agents: one network step ``(carry, obs (B, *obs_shape) float32, reset (B,) bool)
-        -> (carry, actor_out, value (B,))``, the carry zeroed first where ``reset``; evaluation takes
-        ``distributions.mode(actor_out, continuous)``."""
-        raise NotImplementedError
+        """Recurrent agents: one step of ``self.network`` (a
+        :class:`~tianji_jax.recurrent.RecurrentActorCritic` or a subclass) ``(carry, obs (B,
+        *obs_shape) float32, reset (B,) bool) -> (carry, actor_out, value (B,))``, the carry zeroed
+        first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous)``."""
+        return self.network.apply(params, carry, obs, reset)
+
+    def apply_sequence(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
+        """Recurrent agents: ``T`` steps (:meth:`~tianji_jax.recurrent.RecurrentActorCritic.sequence`):
+        ``obs (T, B, *obs_shape)``, ``reset (T, B)`` -> ``(carries (T, B, H) leaves, actor_out (T, B,
+        ...), value (T, B))``."""
+        from tianji_jax.recurrent import RecurrentActorCritic
+
+        return self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
 
     def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
                     version: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:

@@ -18,7 +18,7 @@ from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metr
 from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.algos.ppo.math import PPOBatch, gae, make_optimizer, ppo_update, vtrace
 from tianji_jax.networks import ActorCritic, check_network, resolve_torso
-from tianji_jax.recurrent import RecurrentActorCritic, initial_carry
+from tianji_jax.recurrent import RecurrentActorCritic
 
 __all__ = ["PPOAgent", "make_network"]
 
@@ -80,21 +80,6 @@ class PPOAgent(OnPolicyAgent):
         if self.recurrent:
             raise TypeError("a recurrent network needs its carry: use apply_step(params, carry, obs, reset)")
         return self.network.apply(params, obs)
-
-    def initial_carry(self, batch: int) -> Any:
-        """The zero carry of ``batch`` envs: ``(c, h)`` (LSTM) or ``h`` (GRU), float32 ``(batch, H)``."""
-        return initial_carry(self.config.recurrent, batch, self.config.rnn_hidden_size)
-
-    def apply_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array):
-        """One recurrent step: ``(carry, obs (B, *obs_shape), reset (B,) bool) -> (carry, actor_out,
-        value (B,))``, the carry zeroed first where ``reset``."""
-        return self.network.apply(params, carry, obs, reset)
-
-    def apply_sequence(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array):
-        """``T`` recurrent steps (:meth:`~tianji_jax.recurrent.RecurrentActorCritic.sequence`):
-        ``obs (T, B, *obs_shape)``, ``reset (T, B)`` -> ``(carries (T, B, H) leaves, actor_out (T, B, ...),
-        value (T, B))``."""
-        return self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
 
     def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
                     version: jax.Array):

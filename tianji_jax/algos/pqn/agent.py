@@ -21,14 +21,17 @@ from tianji_jax.algos.ppo.math import make_optimizer
 from tianji_jax.algos.pqn.config import PQNConfig
 from tianji_jax.algos.pqn.math import PQNBatch, epsilon_at, epsilon_greedy, pqn_update, q_lambda_returns
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
+from tianji_jax.recurrent import RecurrentQNetwork
 
 __all__ = ["PQNAgent", "make_pqn_network"]
 
 
-def make_pqn_network(config: PQNConfig) -> QNetwork:
+def make_pqn_network(config: PQNConfig) -> QNetwork | RecurrentQNetwork:
     """The Q-network for ``config``'s env: torso chosen from the observation's layout and size
     (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`), LayerNorm after every hidden layer when
-    ``config.layer_norm``, a linear head of ``A`` Q-values.
+    ``config.layer_norm``, a linear head of ``A`` Q-values; with ``config.recurrent`` ``'lstm'`` /
+    ``'gru'`` the :class:`~tianji_jax.recurrent.RecurrentQNetwork` of that torso and a core of
+    ``config.rnn_hidden_size`` units.
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
@@ -40,6 +43,11 @@ def make_pqn_network(config: PQNConfig) -> QNetwork:
                        activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape,
                        layer_norm=config.layer_norm)
     check_network(network, shape, spec.observation_space.dtype)
+    if config.recurrent != "none":
+        return RecurrentQNetwork(action_dim=spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
+                                 activation=config.activation, torso=network.torso, obs_shape=shape,
+                                 cell=config.recurrent, rnn_hidden_size=config.rnn_hidden_size,
+                                 layer_norm=config.layer_norm)
     return network
 
 
@@ -49,7 +57,9 @@ class PQNAgent(OnPolicyAgent):
     Acting: epsilon-greedy in ``Q(obs)`` with epsilon decaying linearly in the env steps of the
     acting params' version (``version * global_batch_size``); the trajectory's ``log_prob`` is the
     behaviour probability of the action taken and ``value`` is ``max_a Q(obs, a)`` at acting time.
-    Learning: :meth:`learn`.
+    Learning: :meth:`learn`. With ``config.recurrent`` the Q-network is recurrent: the actor
+    carries the core's state as recurrent PPO's does, and the learner re-runs whole env columns
+    from each trajectory's stored state (:meth:`_learn_recurrent`).
 
     Raises:
         ValueError: the network cannot take this env's observations (see :func:`make_pqn_network`).
@@ -87,6 +97,14 @@ class PQNAgent(OnPolicyAgent):
         action, log_prob = epsilon_greedy(key, q, self.epsilon(version))
         return action, action, log_prob, jnp.max(q, axis=-1)
 
+    def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
+                    version: jax.Array):
+        """Recurrent epsilon-greedy step: ``(carry, action, action, log_prob (B,), max_a Q (B,))``
+        after one :meth:`apply_step` (Q-values in place of the logits)."""
+        carry, q, max_q = self.apply_step(params, carry, obs, reset)
+        action, log_prob = epsilon_greedy(key, q, self.epsilon(version))
+        return carry, action, action, log_prob, max_q
+
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
         """Greedy env action ``argmax_a Q(obs, a)`` (int32 ``(B,)``) for raw ``obs``."""
         return jnp.argmax(self.q_values(params, jnp.asarray(obs, jnp.float32)), axis=-1).astype(jnp.int32)
@@ -95,7 +113,10 @@ class PQNAgent(OnPolicyAgent):
         """Initialise params and optimizer; version 0."""
         key, k_net = jax.random.split(key)
         dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
-        params = self.network.init(k_net, dummy)
+        if self.recurrent:
+            params = self.network.init(k_net, self.initial_carry(1), dummy, jnp.zeros((1,), bool))
+        else:
+            params = self.network.init(k_net, dummy)
         return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
 
     def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
@@ -116,6 +137,8 @@ class PQNAgent(OnPolicyAgent):
             ``episode_length_sum``, ``episode_count``, ``policy_lag_mean``, ``policy_lag_max``,
             ``td_loss``, ``q_mean``, ``grad_norm``, ``nonfinite_skips``.
         """
+        if self.recurrent:
+            return self._learn_recurrent(learner, traj, axis_name)
         cfg = self.config
         t, n = traj["reward"].shape
         flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
@@ -129,6 +152,45 @@ class PQNAgent(OnPolicyAgent):
             k_update = jax.random.fold_in(k_update, jax.lax.axis_index(axis_name))
         params, opt_state, loss_metrics = pqn_update(
             k_update, learner.params, learner.opt_state, batch, apply_fn=self.q_values, tx=self.tx,
+            update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches, axis_name=axis_name)
+        metrics = episode_metrics(traj, learner.version, axis_name)
+        metrics.update(loss_metrics)
+        return LearnerState(params, opt_state, key, learner.version + 1), metrics
+
+    def _learn_recurrent(self, learner: LearnerState, traj: dict, axis_name: str | None = None
+                         ) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """:meth:`learn` for a recurrent Q-network (Gallici et al. 2024's recurrent PQN, as
+        PureJaxQL's ``pqn_rnn``): ``max_a Q`` of each ``final_obs`` is one core step on from the
+        carry after its step (no reset: the true next observation of the same episode), computed
+        by re-running the trajectory from ``hidden_init`` with the stored ``reset`` flags and the
+        learner's current params; the Q(lambda) targets are then regressed on env-major
+        minibatches of whole env columns (leaves ``(N, T, ...)``), each re-run from its stored
+        initial carry. Under ``axis_name``: this replica's columns, key folded with the axis
+        index, gradients and metrics averaged."""
+        cfg = self.config
+        t, n = traj["reward"].shape
+        params = learner.params
+        carries, _, _ = self.apply_sequence(params, traj["hidden_init"], traj["obs"], traj["reset"])
+        flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731
+        _, _, next_q = self.apply_step(params, jax.tree.map(flat, carries), flat(traj["final_obs"]),
+                                       jnp.zeros((t * n,), bool))
+        targets = q_lambda_returns(traj["reward"] * cfg.reward_scale, jax.lax.stop_gradient(next_q.reshape((t, n))),
+                                   traj["terminated"], traj["truncated"], cfg.gamma, cfg.q_lambda)
+        env_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  (T, N, ...) <-> (N, T, ...)
+        batch = PQNBatch(obs={"obs": env_major(traj["obs"]), "reset": env_major(traj["reset"]),
+                              "hidden": traj["hidden_init"]},
+                         actions=env_major(traj["action"]).astype(jnp.int32), targets=env_major(targets))
+
+        def q_columns(p: Any, columns: dict) -> jax.Array:
+            # env-major columns (n, T, ...) from their initial carries -> Q (n, T, A)
+            _, q, _ = self.apply_sequence(p, columns["hidden"], env_major(columns["obs"]), env_major(columns["reset"]))
+            return env_major(q)
+
+        key, k_update = jax.random.split(learner.key)
+        if axis_name is not None:
+            k_update = jax.random.fold_in(k_update, jax.lax.axis_index(axis_name))
+        params, opt_state, loss_metrics = pqn_update(
+            k_update, params, learner.opt_state, batch, apply_fn=q_columns, tx=self.tx,
             update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches, axis_name=axis_name)
         metrics = episode_metrics(traj, learner.version, axis_name)
         metrics.update(loss_metrics)

@@ -26,8 +26,7 @@ class PQNConfig(OnPolicyConfig):
 
     Raises:
         ValueError: a value outside its allowed range (the message names the field, the value
-            and what is allowed), ``recurrent`` other than ``'none'``, an action space other than
-            Discrete, or any error of
+            and what is allowed), an action space other than Discrete, or any error of
             :class:`~tianji_jax.algos.on_policy_config.OnPolicyConfig`.
         TypeError: a scalar of the wrong type.
     """
@@ -76,9 +75,6 @@ class PQNConfig(OnPolicyConfig):
         _check_float("epsilon_anneal_fraction", self.epsilon_anneal_fraction, low=0.0, high=1.0)
         _check_float("reward_scale", self.reward_scale, low=0.0, low_open=True)
         _check_bool("layer_norm", self.layer_norm)
-        if self.recurrent != "none":
-            raise ValueError(f"recurrent={self.recurrent!r}: PQN has no recurrent Q-network yet; allowed: 'none' "
-                             "(recurrent networks: --algo ppo)")
 
     def _check_env(self, spec: EnvSpec) -> None:
         """PQN acts epsilon-greedily over a Discrete action space."""

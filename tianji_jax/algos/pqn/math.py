@@ -100,7 +100,9 @@ def pqn_loss(params: Any, apply_fn: Callable, batch: PQNBatch) -> tuple[jax.Arra
     Args:
         params: network params for ``apply_fn``.
         apply_fn: ``apply_fn(params, obs (B, *obs_shape)) -> q_values (B, A)`` float32.
-        batch: a :class:`PQNBatch` of ``B`` transitions.
+        batch: a :class:`PQNBatch` of ``B`` transitions (or of ``B`` env columns of ``T``
+            transitions each for a recurrent network: ``actions``/``targets`` ``(B, T)``, ``obs`` what
+            ``apply_fn`` takes, ``q_values (B, T, A)``; the mean is then over all ``B * T``).
 
     Returns:
         ``(loss, metrics)``: scalar float32 loss and a dict of float32 scalars ``td_loss`` (the
@@ -108,7 +110,7 @@ def pqn_loss(params: Any, apply_fn: Callable, batch: PQNBatch) -> tuple[jax.Arra
     """
     q = apply_fn(params, batch.obs)
     actions = jnp.asarray(batch.actions, jnp.int32)
-    q_sa = jnp.take_along_axis(q, actions[:, None], axis=-1)[:, 0]
+    q_sa = jnp.take_along_axis(q, actions[..., None], axis=-1)[..., 0]
     targets = jax.lax.stop_gradient(jnp.asarray(batch.targets, jnp.float32))
     loss = 0.5 * jnp.mean((q_sa - targets) ** 2)
     return loss, {"td_loss": loss, "q_mean": jnp.mean(q_sa)}
@@ -134,7 +136,8 @@ def pqn_update(
     Args:
         key: PRNG key for the per-epoch permutations.
         params, opt_state: network params and optimizer state.
-        batch: :class:`PQNBatch` with leading axis ``B``, divisible by ``num_minibatches``.
+        batch: :class:`PQNBatch` with leading axis ``B``, divisible by ``num_minibatches`` (``B`` env
+            columns for a recurrent network, see :func:`pqn_loss`).
         apply_fn: ``apply_fn(params, obs) -> q_values (B, A)``.
         tx: the optax optimizer (e.g. :func:`tianji_jax.algos.ppo.math.make_optimizer`).
         update_epochs: passes over the batch, each with a fresh permutation (static int).
