@@ -26,6 +26,15 @@ if not any(os.environ.get(v) for v in ("TIANJI_COMPILATION_CACHE_DIR", "JAX_COMP
     os.environ.setdefault("TIANJI_COMPILATION_CACHE_MAX_BYTES", "-1")
     atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
+# Compile faster in the whole test session (and its child processes, which inherit XLA_FLAGS):
+# LLVM's expensive optimisation passes off. Measured here: the final params of PPO (discrete,
+# continuous, LSTM) and DQN runs are bit-identical with and without it (an XLA backend
+# optimisation level of 0 is faster still but changes the numerics, so it is not used), a
+# compile-bound test file took 18% less time and a run-bound one the same. Read when the CPU
+# backend starts, i.e. after this line.
+if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_llvm_disable_expensive_passes=true").strip()
+
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0
 _lock = threading.Lock()
@@ -87,7 +96,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))  # stable
 
 
-# Roughly longest first (file durations of serial runs on 2 cores); a scheduling hint only.
-LONGEST_FILES = ("test_distributed.py", "test_notebooks.py", "test_capabilities.py",
-                 "test_checkpoint.py", "test_experiments.py", "test_recurrent.py", "test_learning.py",
-                 "test_dqn_learning.py", "test_custom_torso.py", "test_sac.py", "test_anakin.py")
+# Roughly longest first (summed test durations per file in a two-worker run, pytest --durations);
+# a scheduling hint only.
+LONGEST_FILES = ("test_distributed.py", "test_experiments.py", "test_recurrent.py", "test_checkpoint.py",
+                 "test_capabilities.py", "test_learning.py", "test_sweep.py", "test_recurrent_pqn.py", "test_sac.py",
+                 "test_pqn.py", "test_notebooks.py", "test_dqn_distributional.py", "test_dqn_anakin.py",
+                 "test_custom_torso.py", "test_faults.py", "test_dqn_atari.py", "test_nonfinite.py")

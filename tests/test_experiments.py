@@ -256,7 +256,7 @@ def test_learner_groups_quick(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_relaxed_effect_quick(tmp_path):
-    """The relaxed-effect experiment end to end at r = 1 (1 seed, 20k env steps): its latency-wrapped
+    """The relaxed-effect experiment end to end at r = 1 (1 seed, 10k env steps): its latency-wrapped
     envpool runs for the three schedules, the lag contract, and the outputs it commits."""
     _run_quick("relaxed_effect.py", tmp_path, budget_s=120.0)
     df = pd.read_csv(tmp_path / "results.csv")
