@@ -273,7 +273,9 @@ class RayActorClient:
         to_learner: ``to_learner(traj) -> traj`` places a chunk on the learner device(s).
         timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to a named phase.
         max_restarts: the actor's Ray ``max_restarts`` (reported in errors).
-        timeout_s: longest wait for one rollout (seconds), including restarts.
+        timeout_s: longest wait for one rollout (seconds); after the actor died during the call,
+            ``timeout_s + STARTUP_TIMEOUT_S`` from the death (Ray restarts the process, which starts
+            as at creation).
         poll_s: ``ray.wait`` slice (seconds).
         run_env_steps: ``() -> int``, the run's env steps so far, sent with every rollout request
             (DQN's epsilon schedule reads it); None sends 0.
@@ -317,7 +319,8 @@ class RayActorClient:
         ray = require_ray()
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        deadline = time.monotonic() + self.timeout_s
+        limit = self.timeout_s
+        deadline = time.monotonic() + limit
         failures = 0  # failed rollout tasks in this call
         while True:
             t0 = time.perf_counter()
@@ -334,7 +337,7 @@ class RayActorClient:
                     return None
                 if time.monotonic() > deadline:
                     ray.cancel(task)
-                    raise TimeoutError(f"remote actor {self.actor_id}: no rollout within {self.timeout_s:g} s "
+                    raise TimeoutError(f"remote actor {self.actor_id}: no rollout within {limit:g} s "
                                        f"(version {version}, incarnation {self.incarnation})")
             try:
                 traj, meta = ray.get(task, timeout=self.timeout_s)
@@ -342,6 +345,9 @@ class RayActorClient:
                 failures += 1
                 if failures == 1:  # the rollout in flight is gone: never delivered, so never consumed
                     self.lost_chunks += 1
+                    # the restarted process starts again (JAX import, envs, compilation) as at creation
+                    limit = self.timeout_s + STARTUP_TIMEOUT_S
+                    deadline = time.monotonic() + limit
                 else:
                     self.unavailable_retries += 1
                     if not isinstance(err, ActorUnavailableError):  # dead for good: Ray ran out of restarts
