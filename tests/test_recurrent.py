@@ -97,6 +97,9 @@ def test_sequence_equals_stepping(cell):
     (dict(rnn_hidden_size=0), r"^rnn_hidden_size must be >= 1, got 0$"),
     (dict(runtime="async", num_processes=2, coordinator="127.0.0.1:1234"),
      r"^recurrent='lstm' is not supported with num_processes=2 yet"),
+    (dict(runtime="async", num_learner_devices=2, num_minibatches=4),
+     r"^num_minibatches=4 must divide the 2 env columns of each of the num_learner_devices=2 replicas \(num_envs=4 / 2\) "
+     r"with recurrent='lstm' \(each minibatch is whole env columns\); allowed values: \[1, 2\]$"),
     (dict(num_envs=6, num_minibatches=4, total_env_steps=6 * 16 * 4),
      r"^num_minibatches=4 must divide num_envs=6 with recurrent='lstm' \(each minibatch is whole env columns\); "
      r"allowed values: \[1, 2, 3, 6\]$"),

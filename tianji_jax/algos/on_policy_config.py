@@ -358,6 +358,13 @@ def _check_recurrent(config: OnPolicyConfig) -> None:
         raise ValueError(f"num_minibatches={config.num_minibatches} must divide num_envs={config.num_envs} with "
                          f"recurrent={config.recurrent!r} (each minibatch is whole env columns); allowed values: "
                          f"{_divisors(config.num_envs)}")
+    ld = getattr(config, "num_learner_devices", 1)
+    if isinstance(ld, int) and ld > 1 and config.num_envs % ld == 0 and (config.num_envs // ld) % config.num_minibatches:
+        cols = config.num_envs // ld
+        raise ValueError(f"num_minibatches={config.num_minibatches} must divide the {cols} env columns of each of the "
+                         f"num_learner_devices={ld} replicas (num_envs={config.num_envs} / {ld}) with "
+                         f"recurrent={config.recurrent!r} (each minibatch is whole env columns); allowed values: "
+                         f"{_divisors(cols)}")
 
 
 def _divisors(n: int) -> list[int]:
