@@ -39,7 +39,8 @@ def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10,
         seed: seed of the evaluation envs' PRNG key, in [0, 2**32).
 
     Returns:
-        An :class:`~tianji_jax.evaluation.EvalResult` with ``returns`` and ``lengths`` shaped ``(M,)``.
+        An :class:`~tianji_jax.evaluation.EvalResult`: a dict with keys ``"returns"`` (float64) and
+        ``"lengths"`` (int64), each shaped ``(M,)``, and ``mean`` / ``std`` properties.
 
     Raises:
         ValueError: ``num_episodes < 1``, a seed outside [0, 2**32), or a ``state`` whose params do not

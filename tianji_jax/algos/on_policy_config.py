@@ -99,7 +99,9 @@ class OnPolicyConfig(_AgentConfig):
     (Hochreiter & Schmidhuber 1997) or 'gru' (Cho et al. 2014), of rnn_hidden_size units. Its state is
     carried by the actor, zeroed where an episode ended and stored at each rollout's start; the learner
     re-runs whole env columns from it (minibatches split the env axis: num_minibatches must divide
-    num_envs). For now Anakin runtime and gymnax envs only."""
+    num_envs, and each data-parallel replica's columns). PPO and PQN; Anakin and the async runtime
+    (device or host actors, threads or Ray, data-parallel learners, learner groups); not with
+    num_processes > 1 or tj.sweep yet."""
     rnn_hidden_size: int = 128
     """Units H of the recurrent core (used when recurrent is not 'none'), >= 1."""
     eval_every_env_steps: int = 25_000

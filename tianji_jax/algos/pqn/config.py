@@ -91,6 +91,7 @@ class PQNConfig(OnPolicyConfig):
         """One paragraph saying what will run: env, network, exploration, sizes, runtime."""
         spec = self.env_spec
         return (f"PQN on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}"
+                f"{self._describe_network()}"
                 f"{' with LayerNorm' if self.layer_norm else ''}, action {spec.action_space!r}): "
                 f"Q(lambda={self.q_lambda}) returns, epsilon {self.epsilon_start} -> {self.epsilon_finish} over "
                 f"{self.epsilon_anneal_steps} env steps; " + self._describe_sizes() + self._describe_runtime())
