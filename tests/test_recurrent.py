@@ -100,6 +100,8 @@ def test_sequence_equals_stepping(cell):
     (dict(runtime="async", num_learner_devices=2, num_minibatches=4),
      r"^num_minibatches=4 must divide the 2 env columns of each of the num_learner_devices=2 replicas \(num_envs=4 / 2\) "
      r"with recurrent='lstm' \(each minibatch is whole env columns\); allowed values: \[1, 2\]$"),
+    (dict(num_minibatches=3), r"^num_minibatches=3 must divide num_envs=4 with recurrent='lstm' \(each minibatch is "
+                              r"whole env columns\); allowed values: \[1, 2, 4\]$"),  # before the batch rule
     (dict(num_envs=6, num_minibatches=4, total_env_steps=6 * 16 * 4),
      r"^num_minibatches=4 must divide num_envs=6 with recurrent='lstm' \(each minibatch is whole env columns\); "
      r"allowed values: \[1, 2, 3, 6\]$"),

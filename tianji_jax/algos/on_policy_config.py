@@ -204,12 +204,12 @@ class OnPolicyConfig(_AgentConfig):
         if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != groups:
             raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule {self.schedule!r}, "
                              f"got {self.num_actors}; use schedule 'relaxed' for several actors per group")
+        _check_recurrent(self)  # first: its minibatch rule (whole env columns) is the narrower one
         if self.batch_size % self.num_minibatches != 0:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} must divide num_envs * num_steps = "
                 f"{self.num_envs} * {self.num_steps} = {self.batch_size}; allowed values: "
                 f"{_divisors(self.batch_size)}")
-        _check_recurrent(self)
         self._check_fields()
         if self.total_env_steps < self.batch_size:
             raise ValueError(
