@@ -214,10 +214,10 @@ class _Interrupt(Exception):
     pass
 
 
-def test_exact_resume_and_load_evaluate(tmp_path):
-    """Two chunks straight equal one chunk, a checkpoint, a load and one more chunk, bit for bit
-    (params, optimizer state, keys, env states and the actor's carried core state)."""
-    config = tj.PPOConfig(**{**SMALL, "normalize_observations": True})
+def _resume_equals_uninterrupted(config, tmp_path):
+    """Train ``config`` straight; train it again stopped after its first row (checkpoint at update
+    2, the actor's carried core state in it) and resumed; assert both final states are equal bit
+    for bit. Returns ``(uninterrupted result, the resumed run's directory)``."""
     full = tj.train(config, run_dir=tmp_path / "full", progress=False)
 
     def stop_after_first(row):
@@ -234,6 +234,14 @@ def test_exact_resume_and_load_evaluate(tmp_path):
     assert tree_full == tree_res
     for (path, a), (_, b) in zip(flat_full, flat_res):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    return full, run_dir
+
+
+def test_exact_resume_and_load_evaluate(tmp_path):
+    """Two chunks straight equal one chunk, a checkpoint, a load and one more chunk, bit for bit
+    (params, optimizer state, keys, env states and the actor's carried core state)."""
+    config = tj.PPOConfig(**{**SMALL, "normalize_observations": True})
+    full, run_dir = _resume_equals_uninterrupted(config, tmp_path)
     final = tj.load(run_dir)
     a = tj.evaluate(final.config, final.state, num_episodes=3, seed=1)
     b = tj.evaluate(config, full.state, num_episodes=3, seed=1)
@@ -272,22 +280,7 @@ def test_async_exact_resume_with_the_carried_state(tmp_path):
     """``sync``: two rows straight equal one row, a checkpoint (the actor's carried core state
     included) and a resume, bit for bit."""
     config = tj.PPOConfig(**{**SMALL, "runtime": "async", "schedule": "sync"})
-    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
-
-    def stop_after_first(row):
-        raise _Interrupt
-
-    run_dir = tmp_path / "run"
-    with pytest.raises(_Interrupt):
-        tj.train(config, run_dir=run_dir, progress=False, callback=stop_after_first)
-    loaded = tj.load(run_dir)
-    assert int(loaded.state.learner.version) == 2 and loaded.state.actor.hidden is not None
-    resumed = tj.train(config, run_dir=run_dir, progress=False, resume=True)
-    flat_full, tree_full = jax.tree_util.tree_flatten_with_path(full.state)
-    flat_res, tree_res = jax.tree_util.tree_flatten_with_path(resumed.state)
-    assert tree_full == tree_res
-    for (path, a), (_, b) in zip(flat_full, flat_res):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    _resume_equals_uninterrupted(config, tmp_path)
 
 
 # ---- host actors (envpool, gymnasium) -----------------------------------------------------------------

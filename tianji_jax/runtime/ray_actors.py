@@ -273,9 +273,8 @@ class RayActorClient:
         to_learner: ``to_learner(traj) -> traj`` places a chunk on the learner device(s).
         timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to a named phase.
         max_restarts: the actor's Ray ``max_restarts`` (reported in errors).
-        timeout_s: longest wait for one rollout (seconds); after the actor died during the call,
-            ``timeout_s + STARTUP_TIMEOUT_S`` from the death (Ray restarts the process, which starts
-            as at creation).
+        timeout_s: longest wait for one rollout (seconds); ``timeout_s + STARTUP_TIMEOUT_S`` from an
+            actor death during the call (the restarted process starts as at creation).
         poll_s: ``ray.wait`` slice (seconds).
         run_env_steps: ``() -> int``, the run's env steps so far, sent with every rollout request
             (DQN's epsilon schedule reads it); None sends 0.
@@ -319,8 +318,7 @@ class RayActorClient:
         ray = require_ray()
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        limit = self.timeout_s
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + (limit := self.timeout_s)
         failures = 0  # failed rollout tasks in this call
         while True:
             t0 = time.perf_counter()
@@ -344,8 +342,7 @@ class RayActorClient:
             except RayActorError as err:  # ActorDiedError or ActorUnavailableError (Ray reports either)
                 failures += 1
                 if failures == 1:  # the rollout in flight is gone: never delivered, so never consumed
-                    self.lost_chunks += 1
-                    # the restarted process starts again (JAX import, envs, compilation) as at creation
+                    self.lost_chunks += 1  # and the restarted process starts again, as at creation:
                     limit = self.timeout_s + STARTUP_TIMEOUT_S
                     deadline = time.monotonic() + limit
                 else:
