@@ -9,7 +9,7 @@ episodes) reach ``--threshold``, and the return at the end of the budget.
 Writes ``experiments/results/anakin_seeds/{results.csv, summary.md, curves.png, machine.json}``.
 
     python experiments/anakin_seeds.py            # full: 8 seeds, 500k env steps each
-    python experiments/anakin_seeds.py --quick    # 2 seeds, 50k env steps (used by the tests)
+    python experiments/anakin_seeds.py --quick    # 2 seeds, 24,576 env steps (used by the tests)
 """
 
 from __future__ import annotations
@@ -70,14 +70,14 @@ def run_sequential(config: tj.PPOConfig, seeds: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 50k env steps")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 24,576 env steps")
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--total-env-steps", type=int, default=500_000)
     parser.add_argument("--threshold", type=float, default=475.0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "anakin_seeds")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.total_env_steps = 2, 50_000
+        args.seeds, args.total_env_steps = 2, 24_576
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     config = tj.PPOConfig(total_env_steps=args.total_env_steps)

@@ -45,7 +45,7 @@ Writes ``experiments/results/relaxed_effect/{calibration.json, results.csv, curv
 relaxed_effect.png, machine.json}`` (``--quick``: under ``relaxed_effect/quick/``).
 
     python experiments/relaxed_effect.py            # target r in {0.3, 1, 3, 6}, 8 seeds, budget 100k env steps per run
-    python experiments/relaxed_effect.py --quick    # r = 1 only, 1 seed, 10k env steps (< 2 min; tests)
+    python experiments/relaxed_effect.py --quick    # r = 1 only, 1 seed, 10k env steps, 64x64 net, 2 epochs (tests)
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="r = 1 only, 1 seed, 10k env steps, into quick/")
+    parser.add_argument("--quick", action="store_true", help="r = 1 only, 1 seed, 10k env steps, a 64x64 net with 2 epochs, into quick/")
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--r-values", type=float, nargs="+", default=[0.3, 1.0, 3.0, 6.0],
                         help="target r = acting / learning time (D from the calibrated u; the realized r is measured)")
@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.r_values, args.total_env_steps, args.cal_rows, args.cal_check_rows = 1, [1.0], 10_240, 3, 2
+        args.hidden, args.update_epochs = [64, 64], 2  # the code path at a small learning cost (the test's run)
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     out = args.out or Path(__file__).parent / "results" / "relaxed_effect" / ("quick" if args.quick else "")

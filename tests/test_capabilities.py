@@ -20,7 +20,7 @@ _CONTINUOUS = ("sac",)  # algorithms on Box actions: Pendulum-v1 on every backen
 _LAYOUT = {"single": {}, "data_parallel": {"num_learner_devices": 2, "num_envs": 4},
            "groups": {"num_learner_groups": 2, "num_actors": 2}, "multi_host": {"num_processes": 2, "coordinator": "h:1"}}
 _ELSEWHERE = {  # supported cells that need other processes: the test that runs them
-    ("ppo", "async", "threads", "multi_host", "gymnax"): "tests/test_distributed.py::test_two_processes_train_with_identical_replicas",
+    ("ppo", "async", "threads", "multi_host", "gymnax"): "tests/test_distributed.py::test_two_process_sync_run_resumes_bit_exactly_from_its_consistent_cut",
     ("ppo", "async", "threads", "multi_host", "envpool"): "tests/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
     ("ppo", "async", "threads", "multi_host", "gymnasium"): "tests/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
     ("ppo", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_two_remote_actors_solve_cartpole",

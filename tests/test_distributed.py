@@ -94,19 +94,6 @@ def _train_pair(tmp_path: Path, extra: list[str]) -> tuple[dict[int, str], dict[
     return d0, d1
 
 
-@pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
-def test_two_processes_train_with_identical_replicas(tmp_path):
-    d0, d1 = _train_pair(tmp_path, ["--total-env-steps", str(2 * 64 * 4), "--eval-every-env-steps", "128"])
-    assert sorted(d0) == [1, 2, 3, 4] and d0 == d1   # identical replicas after every update
-    assert len(set(d0.values())) == 4                 # and the params did change every update
-    import csv
-
-    rows = list(csv.DictReader(open(tmp_path / "run0" / "metrics.csv")))
-    assert [int(r["env_steps"]) for r in rows] == [128, 256, 384, 512]  # global env steps, 2 x 64 per update
-    assert not (tmp_path / "run1").exists()           # process 0 owns the run directory
-    assert (tmp_path / "run0" / "final_params").is_dir()
-
-
 @pytest.mark.slow  # two jax.distributed processes on host envs: about 50 s each on 2 cores
 @pytest.mark.parametrize("env", ["envpool:CartPole-v1", "gymnasium:CartPole-v1"])
 def test_two_processes_on_host_envs_keep_identical_replicas(tmp_path, env):
@@ -120,12 +107,21 @@ def test_two_processes_on_host_envs_keep_identical_replicas(tmp_path, env):
 @pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "envpool:CartPole-v1"])
 def test_two_pqn_processes_keep_identical_replicas(tmp_path, env):
     """PQN's multi-host cells, through the generic on-policy wiring (PQN registers only its agent):
-    each process acts on its own envs, the global update keeps the replicas identical. Device and
-    host actors once each; the gymnasium backend's multi-host cell runs with PPO above (the host
-    actor and the wiring are the same for every on-policy algorithm)."""
+    each process acts on its own envs, the global update keeps the replicas identical; rows count
+    both processes' env steps and process 0 owns the run directory. Device and host actors once
+    each; PPO's device-actor cell runs in the resume test below (run A: identical digests after
+    every update), its host cells above (the host actor and the wiring are the same for every
+    on-policy algorithm)."""
     d0, d1 = _train_pair(tmp_path, ["--algo", "pqn", "--env", env, "--total-env-steps", str(2 * 64 * 3),
                                     "--eval-every-env-steps", "128"])
-    assert sorted(d0) == [1, 2, 3] and d0 == d1 and len(set(d0.values())) == 3
+    assert sorted(d0) == [1, 2, 3] and d0 == d1   # identical replicas after every update
+    assert len(set(d0.values())) == 3             # and the params did change every update
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "run0" / "metrics.csv")))
+    assert [int(r["env_steps"]) for r in rows] == [128, 256, 384]  # global env steps, 2 x 64 per update
+    assert not (tmp_path / "run1").exists()       # process 0 owns the run directory
+    assert (tmp_path / "run0" / "final_params").is_dir()
 
 
 _WORKER = textwrap.dedent('''

@@ -24,7 +24,7 @@ def test_anakin_seeds_quick(tmp_path):
             "final_eval_return"} <= set(df.columns)
     # CartPole returns lie in [0, 500]; steps to threshold are NaN or within the budget
     assert df["final_eval_return"].between(0, 500).all() and df["final_train_return"].between(0, 500).all()
-    assert all(math.isnan(v) or 0 < v <= 50_000 for v in df["eval_steps_to_threshold"])
+    assert all(math.isnan(v) or 0 < v <= 24_576 for v in df["eval_steps_to_threshold"])
     summary = (tmp_path / "summary.md").read_text()
     assert "--quick" in summary and "vmap speed-up" in summary
 
@@ -49,7 +49,7 @@ def test_throughput_quick(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     df = pd.read_csv(tmp_path / "results.csv")
     assert set(df["env"]) == {"gymnax:CartPole-v1", "envpool:CartPole-v1"}
-    assert {(a, l) for a, l in zip(df["actors"], df["learner_devices"])} == {(1, 1), (2, 1), (1, 2)}
+    assert {(a, l) for a, l in zip(df["actors"], df["learner_devices"])} == {(1, 1), (2, 2)}
     cols = ["production_sps", "consumed_sps", "consumed_env_sps", "raw_sps", "production_over_raw", "steady_s",
             "dropped_frac", "policy_lag_max"]
     assert df[cols].notna().all().all() and (df[cols[:6]] > 0).all().all()
@@ -121,8 +121,7 @@ def test_scaling_quick(tmp_path):
     df = pd.read_csv(tmp_path / "results.csv")
     points = {(b, a, l, p) for b, a, l, p in zip(df["actor_backend"], df["actor_processes"] + df["actor_threads"],
                                                  df["learner_devices"], df["learner_processes"])}
-    assert points == {("threads", 1, 1, 1), ("ray", 1, 1, 1), ("ray", 2, 1, 1), ("ray", 1, 2, 1),
-                      ("distributed", 2, 1, 2)}
+    assert points == {("threads", 1, 1, 1), ("ray", 2, 2, 1), ("distributed", 2, 1, 2)}
     multi = df[df["actor_backend"] == "distributed"].iloc[0]
     assert multi["oversubscribed"] == 1 and multi["busy_workers"] == 4  # 2 x (learner + actor) on 2 cores
     assert (df[["production_sps", "consumed_env_sps", "transfer_ms_per_chunk"]] > 0).all().all()
