@@ -131,7 +131,7 @@ def test_async_pong_dqn_prioritised_checkpoint_roundtrip(tmp_path):
     checkpoint holds the frame replay (loaded back equal to what was saved)."""
     cfg = tj.DQNConfig.atari(prioritized=True, n_step=3, total_env_steps=480, num_envs=4, num_steps=1,
                              buffer_capacity=2_000, learning_starts=160, batch_size=16, replay_ratio=0.25,
-                             eval_every_env_steps=160)
+                             eval_every_env_steps=160, eval_episodes=1)  # one game per row: evaluation is not tested here
     res = tj.train(cfg, run_dir=tmp_path / "run", progress=False)
     c = res.curve
     assert len(c["env_steps"]) >= 2 and np.isfinite(c["td_loss"]).all()

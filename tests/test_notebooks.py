@@ -121,7 +121,7 @@ def test_custom_torso(tmp_path, monkeypatch):
     assert s["stored_torso"] == "my_torsos:minatar_conv"   # config.json keeps the import path
     assert s["torso_params"] == 6                           # two convolutions and a dense layer: kernels and biases
     assert s["same_params"] is True                         # tj.load rebuilt the network and restored them
-    assert s["env_steps"] == [8192.0, 16384.0]
+    assert s["env_steps"] == [512.0, 1024.0]
     assert _finite(s["eval_return"]) and math.isfinite(s["final_eval_mean"])
 
 

@@ -93,19 +93,27 @@ def cluster():
 @pytest.mark.timeout(300)
 def test_two_remote_actors_solve_cartpole(cluster, tmp_path):
     """Training episode_return_mean >= 475 within 300k env steps (reached near 150k in a trial
-    run), every consumed sample within the lag bound, no chunk lost, both actors on the actor node."""
+    run), every consumed sample within the lag bound, no chunk lost, both actors on the actor node.
+    The run stops at its first row >= 475 (the callback raises): the rows after the first hit
+    cannot change the claim."""
     _, head_id, actor_id = cluster
     budget = 300_000
     config = PPOConfig(env="envpool:CartPole-v1", runtime="async", actor_backend="ray", num_actors=2, seed=0,
                        total_env_steps=budget, eval_episodes=0, eval_every_env_steps=16_384)
     placements: list[tuple[int, str]] = []
 
+    class Solved(Exception):
+        pass
+
     def callback(row: dict) -> None:
         if not placements:
             names = [n for n in ray.util.list_named_actors() if n.startswith("tianji-")]
             placements.extend(ray.get([ray.get_actor(n).info.remote() for n in names], timeout=60))
+        if row["episode_return_mean"] >= 475:
+            raise Solved
 
-    tj.train(config, run_dir=tmp_path, progress=False, callback=callback)
+    with pytest.raises(Solved):  # a run that never reaches 475 ends without it and fails here
+        tj.train(config, run_dir=tmp_path, progress=False, callback=callback)
     df = pd.read_csv(tmp_path / "metrics.csv")
     print(df[["env_steps", "episode_return_mean", "sps", "policy_lag_max", "lost_chunks", "h2d_s"]].to_string())
     hits = df[df["episode_return_mean"] >= 475]
