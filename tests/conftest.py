@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 
 import jax
 import pytest
@@ -35,6 +36,7 @@ if not any(os.environ.get(v) for v in ("TIANJI_COMPILATION_CACHE_DIR", "JAX_COMP
 if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_llvm_disable_expensive_passes=true").strip()
 
+_CONFIG = None
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0
 _lock = threading.Lock()
@@ -82,6 +84,28 @@ def _free_compiled_code():
     clear_caches()
 
 
+_SESSION_T0 = time.monotonic()
+_SLOW_LINE_S = 45.0
+"""A test whose call phase takes at least this long (seconds) is named on the terminal as it ends,
+with the session's elapsed minutes, so a CI log cut off by its time limit still shows where the
+time went (``--durations`` prints only at the end)."""
+
+
+def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config
+
+
+def pytest_runtest_logreport(report):
+    """Runs in the main process (also for xdist workers' reports): the slow-test line above."""
+    if report.when != "call" or report.duration < _SLOW_LINE_S or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    reporter = _CONFIG.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"[{(time.monotonic() - _SESSION_T0) / 60:.1f} min] {report.duration:.0f} s "
+                            f"{report.outcome}: {report.nodeid}")
+
+
 def pytest_collection_modifyitems(config, items):
     """Ray's driver runtime stays in a process after ``ray.shutdown()`` and was seen to segfault
     later, unrelated tests in CI; the Ray tests therefore run only in a child pytest process
@@ -98,7 +122,7 @@ def pytest_collection_modifyitems(config, items):
 
 # Roughly longest first (summed test durations per file in a two-worker run, pytest --durations);
 # a scheduling hint only.
-LONGEST_FILES = ("test_distributed.py", "test_experiments.py", "test_recurrent.py", "test_checkpoint.py",
+LONGEST_FILES = ("test_distributed.py", "test_experiments.py", "test_ray_isolated.py", "test_recurrent.py", "test_checkpoint.py",
                  "test_capabilities.py", "test_learning.py", "test_sweep.py", "test_recurrent_pqn.py", "test_sac.py",
                  "test_pqn.py", "test_notebooks.py", "test_dqn_distributional.py", "test_dqn_anakin.py",
                  "test_custom_torso.py", "test_faults.py", "test_dqn_atari.py", "test_nonfinite.py")
