@@ -242,7 +242,6 @@ def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     return killed
 
 
-@pytest.mark.serial  # a kill and its restart timings: alone (tests/test_ray_isolated.py)
 @pytest.mark.timeout(240)
 def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
@@ -282,7 +281,6 @@ def test_killed_remote_actor_is_restarted_and_its_chunk_lost_once(cluster):
         ppo.close()
 
 
-@pytest.mark.serial  # a kill and its restart timings: alone (tests/test_ray_isolated.py)
 @pytest.mark.timeout(240)
 def test_killed_remote_dqn_actor_loses_one_chunk_and_every_env_step_is_counted(cluster):
     """Replay data path, a remote actor SIGKILLed mid-rollout: its chunk is lost once (counted in
@@ -335,7 +333,6 @@ def test_dqn_with_two_remote_actors_solves_cartpole(cluster):
     assert np.all(c["lost_chunks"] == 0)
 
 
-@pytest.mark.serial  # a kill and its restart timings: alone (tests/test_ray_isolated.py)
 @pytest.mark.timeout(180)
 def test_actor_dying_past_max_restarts_stops_the_run(cluster):
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
