@@ -303,14 +303,20 @@ def test_a_lone_process_reports_a_bad_flag_before_waiting_for_its_peers(tmp_path
 _TRAIN_WORKER = textwrap.dedent('''
     import os, sys
     pid, port, run_dir, env, stop_after = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    algo = sys.argv[6]
     import jax
     jax.config.update("jax_num_cpu_devices", 2)
     from tianji_jax.runtime import distributed as dist
     dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
     import tianji_jax as tj
-    cfg = tj.PPOConfig(env=env, num_envs=4, num_steps=16, update_epochs=2, num_minibatches=1, eval_episodes=0,
-                       runtime="async", schedule="sync", total_env_steps=2 * 64 * 6, eval_every_env_steps=256,
-                       num_processes=2, process_id=pid, coordinator=f"127.0.0.1:{port}")
+    job = dict(env=env, runtime="async", schedule="sync", eval_episodes=0, num_processes=2, process_id=pid,
+               coordinator=f"127.0.0.1:{port}")
+    if algo == "ppo":
+        cfg = tj.PPOConfig(num_envs=4, num_steps=16, update_epochs=2, num_minibatches=1, total_env_steps=2 * 64 * 6,
+                           eval_every_env_steps=256, **job)
+    else:  # 32 iterations of 2 x 16 env steps; blocks from iteration 9 (learning_starts 256): 24 blocks
+        cfg = tj.DQNConfig(num_envs=4, num_steps=4, learning_starts=256, batch_size=32, buffer_capacity=2048,
+                           replay_ratio=0.125, total_env_steps=1024, eval_every_env_steps=256, **job)
 
     class Interrupt(Exception):
         pass
@@ -343,13 +349,14 @@ def _run_pair(procs: list[_Proc], timeout: float = 300) -> list[_Proc]:
     return procs
 
 
-def _train_workers(tmp_path: Path, run_dir: Path, env: str, stop_after: int) -> list[_Proc]:
-    """Two processes of ``_TRAIN_WORKER`` (a 6-update sync run, a row and a checkpoint every 2
-    updates), both given ``run_dir``; ``stop_after`` rows > 0: interrupted from the callback."""
+def _train_workers(tmp_path: Path, run_dir: Path, env: str, stop_after: int, algo: str = "ppo") -> list[_Proc]:
+    """Two processes of ``_TRAIN_WORKER`` (PPO: a 6-update sync run, a row and a checkpoint every
+    2 updates; DQN: 24 sync learner blocks, a row and a checkpoint every 256 env steps), both given
+    ``run_dir``; ``stop_after`` rows > 0: interrupted from the callback."""
     script = tmp_path / "train_worker.py"
     script.write_text(_TRAIN_WORKER)
     port = _free_port()
-    return _run_pair([_Proc([str(script), str(i), str(port), str(run_dir), env, str(stop_after)], tmp_path)
+    return _run_pair([_Proc([str(script), str(i), str(port), str(run_dir), env, str(stop_after), algo], tmp_path)
                       for i in range(2)])
 
 
@@ -433,6 +440,49 @@ def test_two_process_host_env_run_resumes_and_continues(tmp_path):
     actor, info = load_process_part(run, 768, 1, None)
     assert actor is None and info["async_counters"]["taken"] == 6 * 64 and info["has_actor"] is False
     assert [int(r_["env_steps"]) for r_ in _rows(run)] == [256, 512, 768]
+
+
+@pytest.mark.slow  # three launches of two jax.distributed processes: about 2-3 min on 2 cores
+@pytest.mark.timeout(900)
+def test_two_process_replay_run_resumes_bit_exactly_with_every_process_replay(tmp_path):
+    """The replay data path (DQN, gymnax, ``sync``): each process keeps its own replay shards, so
+    process 1's part of the cut holds its actors and its replay shards next to process 0's
+    checkpoint. Run A trains 24 learner blocks uninterrupted; run B is interrupted after its first
+    row and resumed through the CLI. Every block's params digest after the resume, the final
+    params, the final cut (learner, both processes' actors and replay shards and counters) and the
+    rows equal run A's."""
+    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint_io import load_process_part, part_path
+
+    full, cut = tmp_path / "A", tmp_path / "B"
+    a = _train_workers(tmp_path, full, "CartPole-v1", 0, "dqn")
+    b = _train_workers(tmp_path, cut, "CartPole-v1", 1, "dqn")
+    assert all("worker interrupted" in p.text for p in b)
+    first = sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(first) == 1 and part_path(cut, first[0], 1).is_file()
+    r = _resume_pair(tmp_path, cut)
+    assert all(f"({first[0]} env steps)" in p.text for p in r)
+    want = _digests(a[0].text)
+    assert sorted(want) == list(range(1, 25)) and _digests(a[1].text) == want and len(set(want.values())) == 24
+    resumed = [_digests(p.text) for p in r]
+    assert resumed[0] == resumed[1] and resumed[0] and max(resumed[0]) == 24
+    assert resumed[0] == {u: want[u] for u in resumed[0]}  # the blocks after the cut, bit for bit
+    for x, y in zip(jax.tree.leaves(tj.load_params(full)), jax.tree.leaves(tj.load_params(cut))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    la, lb = tj.load(full), tj.load(cut)
+    assert la.step == lb.step == 1024 and la.meta["async_counters"] == lb.meta["async_counters"]
+    assert lb.meta["resumable"] is True and lb.meta["includes_replay"] is True
+    for x, y in zip(jax.tree.leaves(la.state), jax.tree.leaves(lb.state)):  # learner + process 0's actors and replay
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    own = {"actor": lb.state.actor, "replay": lb.state.replay}
+    (pa, ia), (pb, ib) = (load_process_part(d, 1024, 1, own) for d in (full, cut))
+    assert ia == ib
+    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):  # process 1's actors and replay shards
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # its own transitions, not process 0's (each process inserts only its actors' env columns)
+    assert not all(np.array_equal(np.asarray(x), np.asarray(y))
+                   for x, y in zip(jax.tree.leaves(pa["replay"].data), jax.tree.leaves(lb.state.replay.data)))
+    assert _rows(full) == _rows(cut)
 
 
 # ---- the replay data path on several processes (DQN, SAC): local replay shards, one global learner block ----

@@ -97,6 +97,15 @@ def test_async_sync_equals_anakin_and_anakin_resumes_exactly(tmp_path):
     assert isinstance(loaded.config, tj.SACConfig)
     ev = tj.evaluate(loaded.config, loaded.state, num_episodes=3, seed=1)
     assert ev["returns"].shape == (3,) and np.all(ev["lengths"] == 200)
+    # checkpoint_replay=False leaves SAC's replay out (as DQN's) and its checkpoints cannot be resumed
+    assert loaded.meta["includes_replay"] is True
+    with pytest.raises(_Stop):
+        tj.train(config, run_dir=tmp_path / "noreplay", progress=False, callback=stop_after_first,
+                 checkpoint=tj.CheckpointConfig(checkpoint_replay=False))
+    bare = tj.load(tmp_path / "noreplay")
+    assert bare.meta["includes_replay"] is False and int(bare.state.replay.size) == 0
+    with pytest.raises(ValueError, match=r"without the replay buffer .*resuming 'sac' needs"):
+        tj.train(config, run_dir=tmp_path / "noreplay", progress=False, resume=True)
 
 
 def test_fixed_temperature_stays_fixed():

@@ -119,7 +119,7 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
     algo = algorithm_for(config).name
     files = RunFiles(config, algo, derived, run_dir=run_dir, resume=resume, checkpoint=checkpoint,
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
-                     resumable=config.num_learner_groups == 1 and config.num_processes == 1)
+                     resumable=config.num_learner_groups == 1)
     if files.finished:
         files.close()
         return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))

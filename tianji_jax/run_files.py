@@ -50,7 +50,8 @@ class RunFiles:
 
     Args:
         config: the run's config.
-        algo: ``"ppo"`` or ``"dqn"`` (``config.json``'s and the checkpoints' ``"algo"``).
+        algo: the registered algorithm name (``"ppo"``, ``"pqn"``, ``"dqn"``, ``"sac"``; ``config.json``'s
+            and the checkpoints' ``"algo"``).
         derived: the derived sizes written under ``"derived"`` in ``config.json``.
         run_dir, resume, checkpoint, tensorboard, wandb, check_versions: as :func:`~tianji_jax.training.train`'s.
         resumable: whether the checkpoints this run writes can be resumed (``meta["resumable"]``).
@@ -65,7 +66,10 @@ class RunFiles:
                  resumable: bool):
         from tianji_jax import checkpoint as ckpt
 
+        from tianji_jax.algos.registry import algorithm_for
+
         self.config, self.algo, self.resumable = config, algo, resumable
+        self.replay = algorithm_for(config).data_path == "replay"  # the state holds a replay buffer
         self.ckpt_cfg = checkpoint if checkpoint is not None else CheckpointConfig()
         self.rows: list[dict[str, float]] = []
         self.sink: MetricsSink | None = None
@@ -128,15 +132,15 @@ class RunFiles:
         if not meta.get("resumable", False):
             groups, procs = getattr(config, "num_learner_groups", 1), getattr(config, "num_processes", 1)
             why = (f"written by a run with learner groups (num_learner_groups={groups})" if groups > 1 else
-                   f"written by a multi-host async run (num_processes={procs}) that cannot be resumed (a replay "
-                   "algorithm's multi-host run does not checkpoint every process's replay shards yet)" if procs > 1 else
+                   f"written by a multi-host replay run (num_processes={procs}) of an earlier tianji_jax that "
+                   "did not checkpoint every process's replay shards" if procs > 1 else
                    "written by a tianji_jax that did not checkpoint the async runtime's actors and counters")
             raise ValueError(f"the checkpoints in {str(run_dir)!r} cannot be resumed: {why}; they serve "
                              "tianji_jax.load and tianji eval. Allowed: resume runs without learner groups, "
                              "written by this version")
-        if algo == "dqn" and not meta.get("includes_replay", False):
+        if self.replay and not meta.get("includes_replay", False):
             raise ValueError(f"the checkpoint in {str(run_dir)!r} was saved without the replay buffer "
-                             "(checkpoint_replay=False), which a DQN resume needs; it serves load/eval only")
+                             f"(checkpoint_replay=False), which resuming {algo!r} needs; it serves load/eval only")
 
     def _template(self, meta: dict) -> Any:
         return state_template(self.config, meta.get("has_actor", True), meta.get("stacked_actors", 0))
@@ -225,14 +229,24 @@ class RunFiles:
             restored = reader.restore(self._template(meta), step=step, meta=meta)
         finally:
             reader.close()
-        template = restored.state.actor
-        actor, part = load_process_part(self.parts_dir, step, self.process, template)
-        self.restored = ckpt.Restored(state=restored.state.replace(actor=actor),
+        own = self._part_of(restored.state)  # this process's actors (and replay shards), not process 0's
+        own, part = load_process_part(self.parts_dir, step, self.process, own)
+        state = restored.state.replace(**own) if own is not None else restored.state
+        self.restored = ckpt.Restored(state=state,
                                       meta={**restored.meta, "async_counters": part["async_counters"]},
                                       rows=restored.rows, step=restored.step)
         self.rows = list(restored.rows)
         self.last_saved = restored.step
         self.wall_offset = float(self.rows[-1]["wall_time_s"]) if self.rows else 0.0
+
+    def _part_of(self, state: Any) -> dict | None:
+        """What process i > 0 keeps of a train state in its part of a multi-host checkpoint cut:
+        ``{"actor": ...}`` (None for host actors, which keep no state), and for a replay algorithm
+        whose checkpoints include the replay also ``{"replay": ...}`` (this process's replay shards)."""
+        part = {"actor": state.actor} if state.actor is not None else {}
+        if self.replay and self.ckpt_cfg.checkpoint_replay:
+            part["replay"] = state.replay
+        return part or None
 
     def _ckpt_opts(self) -> dict:
         c = self.ckpt_cfg
@@ -275,7 +289,7 @@ class RunFiles:
 
             part = {k: extra[k] for k in ("async_counters", "stacked_actors", "has_actor") if k in extra}
             with phase("checkpoint"):
-                save_process_part(self.parts_dir, env_steps, self.process, state.actor, part)
+                save_process_part(self.parts_dir, env_steps, self.process, self._part_of(state), part)
             dist.kv_set(f"{self._kv}/part/{env_steps}/{self.process}", "written")
             self.last_saved = env_steps
             return
@@ -287,14 +301,14 @@ class RunFiles:
                     key = f"{self._kv}/part/{env_steps}/{i}"
                     dist.kv_get(key, _WAIT_S, f"process {i} to write its part of checkpoint {env_steps}")
                     dist.kv_delete(key)
-        include_replay = self.algo == "dqn" and self.ckpt_cfg.checkpoint_replay
+        include_replay = self.replay and self.ckpt_cfg.checkpoint_replay
         meta = {"algo": self.algo, "config": self.config_dict, "packages": self.packages, "env_steps": int(env_steps),
                 "rows": self.rows, "includes_replay": include_replay, "resumable": self.resumable,
                 "finished": bool(finished), "runtime": getattr(self.config, "runtime", "anakin"),
                 "checkpoint": self.ckpt_cfg.to_dict(), **extra}
         if self.num_processes > 1:
             meta["process_parts"] = self.num_processes - 1
-        exclude = (".replay",) if self.algo == "dqn" and not include_replay else ()
+        exclude = (".replay",) if self.replay and not include_replay else ()
         last = self.rows[-1] if self.rows else {}
         with phase("checkpoint"):
             self.ckptr.save(env_steps, state, meta, eval_return=float(last.get("eval_return_mean", math.nan)),
@@ -348,15 +362,17 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
 
         trainer = make_train(config)
         agent = trainer.agent
-        shards = config.num_learner_devices
+        shards, procs = config.num_learner_devices, getattr(config, "num_processes", 1)
         groups = config.num_learner_groups  # a checkpoint of a group run holds one group's replay
-        init_replay = ((lambda: init_sharded_replay(agent, shards)) if shards > 1  # sharded by env (async)
+        # sharded by env (async): a multi-host checkpoint (and each process's part) holds one process's shards
+        init_replay = ((lambda: init_sharded_replay(agent, shards, total_shards=shards * procs))
+                       if shards > 1 or procs > 1
                        else (lambda: agent.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)))
         if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
             return ReplayTrainState(None, *jax.eval_shape(
                 lambda k: (agent.init_learner(agent.split_init_key(k)[1]), init_replay()), key))
         state = jax.eval_shape(trainer.init, key)
-        if shards > 1 or groups > 1:
+        if shards > 1 or groups > 1 or procs > 1:
             state = state.replace(replay=jax.eval_shape(init_replay))
     else:
         trainer = make_train(config)

@@ -96,10 +96,9 @@ class AsyncReplay:
         num_learners, groups = config.num_learner_devices, config.num_learner_groups
         procs = config.num_processes
         self.multi = procs > 1  # multi-host learners (runtime/distributed.py, replay_sharded.make_multi_host_fns)
-        if restore is not None and (groups > 1 or self.multi):
-            raise ValueError(f"resume of a replay run with learner groups (num_learner_groups={groups}) or several "
-                             f"processes (num_processes={procs}) is not supported yet; allowed: resume runs with "
-                             "num_learner_groups=1 and num_processes=1")
+        if restore is not None and groups > 1:
+            raise ValueError(f"resume of a replay run with learner groups (num_learner_groups={groups}) is not "
+                             "supported yet; allowed: resume runs with num_learner_groups=1")
         dist = _distributed(config) if self.multi else None
         if self.multi:
             self.actor_device, self.learner_devices, global_learners = dist.placement(num_learners)
@@ -179,7 +178,7 @@ class AsyncReplay:
             self._actor_states = [None] * config.num_actors
             if restore is not None:  # host env state is not checkpointed: fresh seeds, fresh episodes
                 keys = [jax.random.fold_in(k, int(restore["env_steps"])) for k in keys]
-                env_seed = resume_seed(config.seed, int(restore["env_steps"]))
+                env_seed = resume_seed(config.seed, int(restore["env_steps"]), jax.process_index() if self.multi else 0)
             try:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
