@@ -301,9 +301,9 @@ def test_a_lone_process_reports_a_bad_flag_before_waiting_for_its_peers(tmp_path
 
 # ---- resume of multi-host runs ----------------------------------------------------------------------
 _TRAIN_WORKER = textwrap.dedent('''
-    import os, sys
+    import sys
     pid, port, run_dir, env, stop_after = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    algo = sys.argv[6]
+    algo, who = sys.argv[6], sys.argv[7]  # who: the processes whose callback interrupts ("both" or "0")
     import jax
     jax.config.update("jax_num_cpu_devices", 2)
     from tianji_jax.runtime import distributed as dist
@@ -328,14 +328,16 @@ _TRAIN_WORKER = textwrap.dedent('''
         if len(rows) == stop_after:
             raise Interrupt
 
-    try:
-        tj.train(cfg, run_dir=run_dir, progress=False, tensorboard=False, callback=stop if stop_after else None)
-    except Interrupt:  # both processes stop after the same row; wait for each other, then leave at once
-        dist.kv_set(f"test/stopped/{pid}", "1")
-        dist.kv_get(f"test/stopped/{1 - pid}", 120, "the other process to stop")
+    from tianji_jax.runtime.async_runtime import PeerStoppedError
+    interrupts = stop_after and (who == "both" or who == str(pid))
+    try:  # the learners of both processes stop after the same update, whoever interrupts: a clean exit
+        tj.train(cfg, run_dir=run_dir, progress=False, tensorboard=False, callback=stop if interrupts else None)
+    except Interrupt:
         print("worker interrupted", file=sys.stderr, flush=True)
-        os._exit(0)
-    print("worker finished", file=sys.stderr, flush=True)
+    except PeerStoppedError as err:
+        print(f"worker stopped by its peer: {err}", file=sys.stderr, flush=True)
+    else:
+        print("worker finished", file=sys.stderr, flush=True)
 ''')
 
 
@@ -349,15 +351,17 @@ def _run_pair(procs: list[_Proc], timeout: float = 300) -> list[_Proc]:
     return procs
 
 
-def _train_workers(tmp_path: Path, run_dir: Path, env: str, stop_after: int, algo: str = "ppo") -> list[_Proc]:
+def _train_workers(tmp_path: Path, run_dir: Path, env: str, stop_after: int, algo: str = "ppo",
+                   who: str = "both") -> list[_Proc]:
     """Two processes of ``_TRAIN_WORKER`` (PPO: a 6-update sync run, a row and a checkpoint every
     2 updates; DQN: 24 sync learner blocks, a row and a checkpoint every 256 env steps), both given
-    ``run_dir``; ``stop_after`` rows > 0: interrupted from the callback."""
+    ``run_dir``; ``stop_after`` rows > 0: interrupted from the callback of both processes
+    (``who="both"``) or of process 0 only (``who="0"``)."""
     script = tmp_path / "train_worker.py"
     script.write_text(_TRAIN_WORKER)
     port = _free_port()
-    return _run_pair([_Proc([str(script), str(i), str(port), str(run_dir), env, str(stop_after), algo], tmp_path)
-                      for i in range(2)])
+    return _run_pair([_Proc([str(script), str(i), str(port), str(run_dir), env, str(stop_after), algo, who],
+                            tmp_path) for i in range(2)])
 
 
 def _resume_pair(tmp_path: Path, run_dir: Path) -> list[_Proc]:
@@ -448,7 +452,8 @@ def test_two_process_replay_run_resumes_bit_exactly_with_every_process_replay(tm
     """The replay data path (DQN, gymnax, ``sync``): each process keeps its own replay shards, so
     process 1's part of the cut holds its actors and its replay shards next to process 0's
     checkpoint. Run A trains 24 learner blocks uninterrupted; run B is interrupted after its first
-    row and resumed through the CLI. Every block's params digest after the resume, the final
+    row by process 0's callback alone (process 1's learner stops after the same update and its
+    ``train`` raises ``PeerStoppedError``; neither process hangs) and resumed through the CLI. Every block's params digest after the resume, the final
     params, the final cut (learner, both processes' actors and replay shards and counters) and the
     rows equal run A's."""
     import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
@@ -456,8 +461,10 @@ def test_two_process_replay_run_resumes_bit_exactly_with_every_process_replay(tm
 
     full, cut = tmp_path / "A", tmp_path / "B"
     a = _train_workers(tmp_path, full, "CartPole-v1", 0, "dqn")
-    b = _train_workers(tmp_path, cut, "CartPole-v1", 1, "dqn")
-    assert all("worker interrupted" in p.text for p in b)
+    b = _train_workers(tmp_path, cut, "CartPole-v1", 1, "dqn", who="0")  # process 1 stops with it
+    assert "worker interrupted" in b[0].text
+    assert re.search(r"worker stopped by its peer: another process of this multi-host job stopped the run after "
+                     r"update \d+", b[1].text), b[1].text[-2000:]
     first = sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit())
     assert len(first) == 1 and part_path(cut, first[0], 1).is_file()
     r = _resume_pair(tmp_path, cut)

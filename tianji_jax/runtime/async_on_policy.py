@@ -255,10 +255,9 @@ class AsyncOnPolicy:
         self.consumed_actor_states: list = list(self._actor_states)
         if restore is not None:
             self.runner.buffer.restore_counters(counters)
-        if self.multi:  # lockstep collectives: global telemetry and a watchdog on every update
-            local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(self.mesh, self.learner_devices)
-            self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
+        if self.multi:  # lockstep collectives: global telemetry, agreed stops and a watchdog on every update
             self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+            dist.make_lockstep(self.runner, self.mesh, self.learner_devices, self.watchdog)
 
     @property
     def obs_rms(self) -> Any:

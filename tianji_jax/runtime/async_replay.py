@@ -219,10 +219,9 @@ class AsyncReplay:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
         self.watchdog = None
-        if self.multi:  # lockstep collectives: global telemetry and a watchdog on every learner block
-            local_snapshot, total = self.runner.take_snapshot, dist.make_counter_sum(global_mesh, self.learner_devices)
-            self.runner.take_snapshot = lambda: local_snapshot() if self.runner.stop.is_set() else total(local_snapshot())
+        if self.multi:  # lockstep collectives: global telemetry, agreed stops and a watchdog on every learner block
             self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
+            dist.make_lockstep(self.runner, global_mesh, self.learner_devices, self.watchdog)
 
     @property
     def local_learner_state(self) -> ReplayLearnerState:

@@ -35,7 +35,7 @@ from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
 from tianji_jax.rate_limiter import RateLimiter
 from tianji_jax.runtime.param_store import ParamStore
 
-__all__ = ["PhaseTimers", "AsyncRunner", "StallError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
+__all__ = ["PhaseTimers", "AsyncRunner", "StallError", "PeerStoppedError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
 
 SCHEDULES = ("sync", "one_step", "relaxed")
 
@@ -133,6 +133,11 @@ class PhaseTimers:
             return dict(self._seconds)
 
 
+class PeerStoppedError(RuntimeError):
+    """Multi-host: another process of the job stopped the run (its callback raised, it was
+    interrupted, or it stopped early); every process's learners stopped after the same update."""
+
+
 class AsyncRunner:
     """Runs actors and a learner concurrently until ``num_updates`` updates are done.
 
@@ -206,6 +211,11 @@ class AsyncRunner:
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
         self.admission = bool(admission)
         self.stop = threading.Event()
+        # multi-host (lockstep learners, distributed.make_lockstep): the caller's wish to stop, which
+        # every process's learners agree on at the same update before they stop
+        self.lockstep = False
+        self.stop_request = threading.Event()
+        self.stopped_by_peer: int | None = None  # the update after which another process stopped the run
         self.events: queue.Queue = queue.Queue()
         self.telemetry = Telemetry()
         self.actor_logs: list[list[int]] = [[] for _ in actors]  # versions each actor acted with
@@ -378,9 +388,16 @@ class AsyncRunner:
         (the sum of the groups' versions with learner groups; ``version`` passed to
         ``on_update`` is the publishing group's, that of ``group_of(item.actor_id)``).
 
+        Multi-host (:attr:`lockstep`): when the caller stops (``on_update`` returned True or
+        raised) the learners do not stop at once, which would leave the other processes waiting in
+        the next collective; the request rides on the next update's global telemetry sum, and every
+        process's learner stops after that same update (:func:`~tianji_jax.runtime.distributed.make_lockstep`;
+        waited for up to ``stall_timeout_s`` + 30 s, then the threads are stopped anyway).
+
         Raises:
             The original exception of a failed thread (with a note naming the thread), or
-            :class:`StallError`; RuntimeError if a thread does not stop within ``join_timeout_s``.
+            :class:`StallError`; RuntimeError if a thread does not stop within ``join_timeout_s``;
+            :class:`PeerStoppedError` (multi-host) when another process stopped the run.
         """
         groups = range(self.num_groups)
         names = ([f"actor-{i}" for i in range(len(self.actors))]
@@ -414,6 +431,8 @@ class AsyncRunner:
                 if on_update(version, payload, item):
                     break
         finally:
+            if self.lockstep and error is None and finished < self.num_groups:
+                self._agree_stop()
             self.stop.set()
             self._wake()
             deadline = time.monotonic() + join_timeout_s
@@ -430,4 +449,17 @@ class AsyncRunner:
             raise error
         if alive:
             raise RuntimeError(f"threads did not stop within {join_timeout_s} s: {alive}")
+        if self.stopped_by_peer is not None:
+            raise PeerStoppedError(f"another process of this multi-host job stopped the run after update "
+                                   f"{self.stopped_by_peer} (its own output says why); this process stopped with it "
+                                   "at the same update")
         return sum(latest)
+
+    def _agree_stop(self) -> None:
+        """Multi-host: ask every process's learners to stop after the same update (see :meth:`run`)
+        and wait until this process's learner threads have."""
+        self.stop_request.set()
+        deadline = time.monotonic() + self.stall_timeout_s + 30.0
+        for t in self._threads:
+            if "learner" in t.name:
+                t.join(max(0.0, deadline - time.monotonic()))

@@ -50,7 +50,7 @@ import numpy as np
 from tianji_jax.config_checks import check_coordinator  # re-exported: the config validates it too
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
-           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "Watchdog", "supervise",
+           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_lockstep", "Watchdog", "supervise",
            "kv_set", "kv_get", "kv_delete", "CHILD_ENV", "EXIT_PEER_DEAD"]
 
 CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
@@ -257,7 +257,38 @@ def params_digest(tree: Any) -> str:
 
 
 _SUMMED = ("produced", "consumed", "inserted", "dropped_stale", "dropped_partial", "depth", "sampled",
-           "limiter_inserted", "limiter_error")
+           "limiter_inserted", "limiter_error", "stop_requests")
+
+
+def make_lockstep(runner: Any, mesh: Any, local_devices: list, watchdog: "Watchdog") -> None:
+    """Make ``runner``'s (an :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) telemetry
+    global and its stops agreed: every snapshot its learner takes after an update is summed over
+    the processes (:func:`make_counter_sum`, inside a ``watchdog`` section like the update itself),
+    together with the number of processes whose caller asked to stop (``runner.stop_request``).
+    When that number is > 0, every process's learner sets ``runner.stop`` after this same update,
+    so none is left waiting in a collective the others never enter; a process that did not ask
+    records the update in ``runner.stopped_by_peer`` (its ``run`` raises
+    :class:`~tianji_jax.runtime.async_runtime.PeerStoppedError`). A collective: snapshots are
+    taken in lockstep (after each update, at the start and at the end of the run)."""
+    local, total = runner.take_snapshot, make_counter_sum(mesh, local_devices)
+    first = [True]  # the run's first sum (before the threads start) waits for the slowest process's set-up
+
+    def snapshot() -> dict:
+        if runner.stop.is_set():  # stopping (agreed, or a local thread failed): no more collectives
+            return local()
+        asked = runner.stop_request.is_set()
+        with watchdog.section("telemetry sum", extra_s=300.0 if first[0] else 0.0):
+            snap = total({**local(), "stop_requests": int(asked)})
+        first[0] = False
+        if snap.pop("stop_requests") > 0:
+            if not asked:
+                runner.stopped_by_peer = runner.start_version + sum(runner.updates_done)
+            runner.stop.set()
+            runner._wake()
+        return snap
+
+    runner.take_snapshot = snapshot
+    runner.lockstep = True
 
 
 def make_counter_sum(mesh: Any, local_devices: list) -> Any:
