@@ -264,3 +264,19 @@ def test_relaxed_effect_quick(tmp_path):
     assert (df["policy_lag_max"] <= df["max_policy_lag"]).all()  # the lag contract holds for every schedule
     assert (df.loc[df["schedule"] == "sync", "policy_lag_max"] == 0).all()
     assert (df["r_measured"] > 0).all() and df["final_eval_return"].between(0, 500).all()
+
+
+def test_recurrent_memory_quick(tmp_path):
+    """The recurrent-vs-frame-stack benchmark end to end (1 seed, 2 updates per run): LSTM, GRU
+    and the 4-frame-stack feed-forward baseline on both memory tasks, its outputs, sane values."""
+    summary = _run_quick("recurrent_memory.py", tmp_path)
+    for name in ("results.csv", "curves.csv", "curves.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(zip(df["task"], df["variant"])) == sorted(
+        (t, v) for t in ("masked_cartpole", "memory_chain") for v in ("lstm", "gru", "ff_stack4"))
+    assert (df["env_steps"] <= 512).all() and (df["wall_s"] > 0).all()
+    cartpole = df[df["task"] == "masked_cartpole"]
+    assert cartpole["best_eval_return"].between(0, 500).all()
+    assert df[df["task"] == "memory_chain"]["best_eval_return"].between(-1, 1).all()
+    assert "SPS / ff_stack4" in summary

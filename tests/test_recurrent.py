@@ -330,35 +330,35 @@ def test_host_actors_train_and_evaluate_with_the_carried_state():
 
 
 # ---- learning (slow) ------------------------------------------------------------------------------------
-LEARN = dict(env=MASKED, num_envs=8, num_steps=32, num_minibatches=2, update_epochs=20, learning_rate=1e-3,
+LEARN = dict(env=MASKED, num_envs=8, num_steps=32, num_minibatches=2, update_epochs=20, learning_rate=5e-4,
              gamma=0.999, gae_lambda=0.98, ent_coef=0.0, activation="relu", hidden_sizes=(64,), scale_rewards=True,
-             rnn_hidden_size=64, total_env_steps=153_600, eval_every_env_steps=12_800, eval_episodes=20, seed=0)
+             rnn_hidden_size=64, total_env_steps=409_600, eval_every_env_steps=12_800, eval_episodes=20,
+             stop_at_return=400.0, seed=0)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # four runs, ~40 s each alone; 300 s was not enough beside another worker in CI
-def test_lstm_learns_masked_cartpole_where_feed_forward_cannot():
+@pytest.mark.timeout(1500)  # up to four runs; ~80 s in all alone on 2 cores (the LSTM runs stop at their first hit)
+def test_lstm_solves_masked_cartpole_where_feed_forward_cannot():
     """Partially observed CartPole (``mask=0,2``: cart position and pole angle, no velocities): an
     LSTM policy must estimate the velocities from its memory; a feed-forward one cannot.
 
-    Budget: 153,600 env steps per run (600 updates of 8 envs x 32 steps, 20 epochs of 2 minibatches
-    of 4 env columns; settings after rl-zoo3's RecurrentPPO CartPoleNoVel-v1 with reward scaling),
-    12 evaluations of 20 deterministic episodes; three LSTM seeds and one feed-forward run, about
-    40 s each alone on 2 cores. One seed's last evaluations swing widely (seed 0 measured 226 with
-    one set of package versions and 125 with the next), so the claim is made over three seeds.
-    Measured with jax/jaxlib 0.10.2 (mean of the last three evaluations): LSTM seeds 0 / 1 / 2:
-    125.3 / 282.5 / 217.6 (mean 208.5; seed 3: 305.8); feed-forward seed 0 at most 48.2. Asserted:
-    the three LSTM seeds' last-three means average >= 150, every seed's is above 60, and the
-    feed-forward run never reaches 60.
+    Solved = an evaluation (mean of 20 deterministic episodes) >= 400. Budget: 409,600 env steps
+    per run (1,600 updates of 8 envs x 32 steps, 20 epochs of 2 minibatches of 4 env columns, a
+    constant learning rate of 5e-4, so where a run stops does not depend on the budget; settings
+    after rl-zoo3's RecurrentPPO CartPoleNoVel-v1 with reward scaling), an evaluation every
+    12,800 env steps. Each of three LSTM seeds must solve it within the budget (measured with
+    jax/jaxlib 0.10.2: at 217,600 / 115,200 / 64,000 env steps for seeds 0 / 1 / 2, about twice
+    the margin for the slowest); the feed-forward run with the same settings and budget must stay
+    below 60 in every evaluation (measured: at most 48). A learning rate annealed to 0 over the
+    budget solved it sooner (128k / 154k / 90k of 204,800) but makes the stopping point depend on
+    the budget; GRU cores solve it at 26k-64k (experiments/recurrent_memory.py).
     """
-    last3 = []
+    solved = []
     for seed in (0, 1, 2):
-        curve = tj.train(tj.PPOConfig(**dict(LEARN, seed=seed), recurrent="lstm"),
-                         progress=False).curve["eval_return_mean"]
-        assert len(curve) == 12
-        last3.append(float(np.mean(curve[-3:])))
-    ff = tj.train(tj.PPOConfig(**LEARN), progress=False).curve["eval_return_mean"]
-    assert len(ff) == 12
+        result = tj.train(tj.PPOConfig(**dict(LEARN, seed=seed), recurrent="lstm"), progress=False)
+        curve = result.curve["eval_return_mean"]
+        solved.append((seed, bool(result.stopped_early), int(result.curve["env_steps"][-1]), float(np.max(curve))))
+    assert all(hit and best >= 400 for _, hit, _, best in solved), solved
+    ff = tj.train(tj.PPOConfig(**dict(LEARN, stop_at_return=None)), progress=False).curve["eval_return_mean"]
+    assert len(ff) == 32  # the whole budget
     assert np.max(ff) < 60, ff
-    assert min(last3) > 60, last3
-    assert np.mean(last3) >= 150, last3
