@@ -8,11 +8,16 @@ two tasks that need memory: CartPole without its velocities and bsuite's MemoryC
   and the reward (+1 / -1) depends on recalling it at the last; a 4-frame stack has lost it by
   then, so feed-forward PPO with the stack stays at chance (mean return 0) and only memory solves it.
 
-Every run is Anakin PPO with the same hyper-parameters per task (``SETTINGS``: masked CartPole's
+Burn-in under relaxed hand-offs (masked CartPole only): the LSTM run again on the async runtime
+(``relaxed``, 2 device actors, ``max_policy_lag`` 2), without and with ``burn_in_steps=8`` (the first
+8 of each column's 32 steps only carry the core's state into the loss): does keeping the steps
+whose state is the stalest out of the loss change the env steps or wall seconds to the threshold?
+
+Every other run is Anakin PPO with the same hyper-parameters per task (``SETTINGS``: masked CartPole's
 are those of ``tests/test_recurrent.py``'s acceptance test) and stops at the first evaluation
 (20 deterministic episodes) whose mean reaches the task's threshold, or at the budget. Per run:
-env steps and wall seconds (from the start of ``tj.train``, compilation included) to the
-threshold, best evaluation, and the training throughput over the rows after the first (env steps
+env steps and wall seconds (from the start of ``tj.train``, compilation or its load from the
+persistent compilation cache included) to the threshold, best evaluation, and the training throughput over the rows after the first (env steps
 per second, compilation excluded); the summary gives per (task, variant) the median [range] over
 seeds and the throughput cost of recurrence (recurrent SPS / frame-stack SPS, same seeds).
 
@@ -54,10 +59,16 @@ SETTINGS = {
                      {**_CARTPOLE, "gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.01, "scale_rewards": False,
                       "eval_every_env_steps": 10_240}),
 }
-VARIANTS = {  # variant: (recurrent cell, env-id suffix)
-    "lstm": ("lstm", ""),
-    "gru": ("gru", ""),
-    "ff_stack4": ("none", "|frame_stack=4"),
+_RELAXED = dict(runtime="async", schedule="relaxed", max_policy_lag=2, num_actors=2)
+VARIANTS = {  # variant: (recurrent cell, env-id suffix, more config fields, the tasks it runs on)
+    "lstm": ("lstm", "", {}, tuple(SETTINGS)),
+    "gru": ("gru", "", {}, tuple(SETTINGS)),
+    "ff_stack4": ("none", "|frame_stack=4", {}, tuple(SETTINGS)),
+    # burn-in under relaxed hand-offs (async runtime, 2 device actors, lag <= 2): the state stored at a
+    # rollout's start comes from a policy up to 2 versions old; burn_in_steps=8 keeps the first 8 of
+    # each column's 32 steps out of the loss
+    "lstm_relaxed": ("lstm", "", _RELAXED, ("masked_cartpole",)),
+    "lstm_relaxed_burn8": ("lstm", "", {**_RELAXED, "burn_in_steps": 8}, ("masked_cartpole",)),
 }
 COLUMNS = ["task", "variant", "seed", "threshold", "budget", "steps_to_threshold", "wall_s_to_threshold",
            "best_eval_return", "final_eval_return", "env_steps", "wall_s", "steady_sps", "load_before", "load_after"]
@@ -69,8 +80,8 @@ QUICK = dict(total_env_steps=2 * 8 * 32, eval_every_env_steps=8 * 32, eval_episo
 def config_for(task: str, variant: str, seed: int, quick: bool = False) -> tj.PPOConfig:
     """The PPO config of one run (``quick``: 2 updates, 2 evaluation episodes)."""
     env, threshold, budget, settings = SETTINGS[task]
-    cell, suffix = VARIANTS[variant]
-    return tj.PPOConfig(**{**settings, "env": env + suffix, "recurrent": cell, "seed": seed,
+    cell, suffix, extra, _ = VARIANTS[variant]
+    return tj.PPOConfig(**{**settings, "env": env + suffix, "recurrent": cell, "seed": seed, **extra,
                            "total_env_steps": budget, "stop_at_return": threshold, **(QUICK if quick else {})})
 
 
@@ -111,7 +122,10 @@ def summarise(rows: list[dict], quick: bool) -> str:
              f"Command: `{_common.command()}`", "", _common.SHARED_NOTE, "",
              "Anakin PPO, the same settings per task for every variant (`SETTINGS` in the script); each run "
              "stops at its first evaluation (20 deterministic episodes) whose mean reaches the threshold. "
-             "Wall seconds include compilation; SPS excludes the first row (compilation). "
+             "Wall seconds are from the start of `tj.train`: compilation included, or its load from JAX's "
+             "persistent compilation cache (on by default; programs compiled by an earlier run load in well under "
+             "a second). SPS excludes the first row (compilation) and is '-' for runs that stopped at their first "
+             "row. "
              "Median [min..max] over seeds; 'solved' counts the seeds that reached the threshold.", "",
              "| task | variant | solved | env steps to threshold | wall s to threshold | best eval | SPS | SPS / ff_stack4 |",
              "|---|---|---|---|---|---|---|---|"]
@@ -130,6 +144,13 @@ def summarise(rows: list[dict], quick: bool) -> str:
                          f"{_common.median_range(vals(task, variant, 'best_eval_return'), '{:.2f}')} | "
                          f"{_common.median_range(vals(task, variant, 'steady_sps'))} | "
                          f"{_common.median_range(ratio, '{:.2f}')} |")
+    burn = [vals("masked_cartpole", v, "steps_to_threshold") for v in ("lstm_relaxed", "lstm_relaxed_burn8")]
+    if all(burn):
+        lines += ["", "Burn-in under `relaxed` (masked CartPole, async, 2 actors, lag <= 2), env steps to the "
+                  f"threshold: without {_common.median_range(burn[0])}, with 8 burn-in steps "
+                  f"{_common.median_range(burn[1])}; wall seconds: without "
+                  f"{_common.median_range(vals('masked_cartpole', 'lstm_relaxed', 'wall_s_to_threshold'), '{:.0f}')}, "
+                  f"with {_common.median_range(vals('masked_cartpole', 'lstm_relaxed_burn8', 'wall_s_to_threshold'), '{:.0f}')}."]
     return "\n".join(lines) + "\n"
 
 
@@ -140,7 +161,7 @@ def plot(curve_rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5 * len(SETTINGS), 3.6))
-    colors = {"lstm": "C0", "gru": "C1", "ff_stack4": "C2"}
+    colors = {"lstm": "C0", "gru": "C1", "ff_stack4": "C2", "lstm_relaxed": "C3", "lstm_relaxed_burn8": "C4"}
     runs = sorted({(r["task"], r["variant"], int(r["seed"])) for r in curve_rows})
     for ax, task in zip(np.atleast_1d(axes), SETTINGS):
         labelled = set()
@@ -178,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(seeds):
         for task in SETTINGS:
             for variant in VARIANTS:
+                if task not in VARIANTS[variant][3]:
+                    continue
                 if any(r["task"] == task and r["variant"] == variant and int(r["seed"]) == seed for r in rows):
                     continue
                 t0 = time.perf_counter()

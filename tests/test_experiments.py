@@ -268,13 +268,15 @@ def test_relaxed_effect_quick(tmp_path):
 
 def test_recurrent_memory_quick(tmp_path):
     """The recurrent-vs-frame-stack benchmark end to end (1 seed, 2 updates per run): LSTM, GRU
-    and the 4-frame-stack feed-forward baseline on both memory tasks, its outputs, sane values."""
+    and the 4-frame-stack feed-forward baseline on both memory tasks, and the LSTM on the async
+    runtime under relaxed with and without burn-in; its outputs, sane values."""
     summary = _run_quick("recurrent_memory.py", tmp_path)
     for name in ("results.csv", "curves.csv", "curves.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     df = pd.read_csv(tmp_path / "results.csv")
     assert sorted(zip(df["task"], df["variant"])) == sorted(
-        (t, v) for t in ("masked_cartpole", "memory_chain") for v in ("lstm", "gru", "ff_stack4"))
+        [(t, v) for t in ("masked_cartpole", "memory_chain") for v in ("lstm", "gru", "ff_stack4")]
+        + [("masked_cartpole", "lstm_relaxed"), ("masked_cartpole", "lstm_relaxed_burn8")])
     assert (df["env_steps"] <= 512).all() and (df["wall_s"] > 0).all()
     cartpole = df[df["task"] == "masked_cartpole"]
     assert cartpole["best_eval_return"].between(0, 500).all()

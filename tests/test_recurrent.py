@@ -153,6 +153,48 @@ def test_actor_carries_the_state_and_the_trajectory_has_the_recurrent_keys():
     assert set(ff_traj) == set(TRAJECTORY_KEYS)
 
 
+def test_burn_in_steps_only_carry_the_state():
+    """``burn_in_steps`` b: the first b steps of each column carry the core's state into the loss
+    but are not in it. Changing their actions, behaviour log-probs and rewards leaves the update
+    bit for bit unchanged (a step's advantage depends on rewards from it on); changing the action of
+    step b, or any step without burn-in, changes it; the first minibatch still re-runs the
+    behaviour policy exactly on the loss steps (ratio 1)."""
+    b = 4
+    config = tj.PPOConfig(**SMALL, burn_in_steps=b)
+    trainer = tj.make_train(config)
+    state = trainer.init(jax.random.PRNGKey(0))
+    agent = trainer.agent
+    _, traj = jax.jit(agent.rollout)(state.learner.params, state.learner.version, state.actor)
+    learn = jax.jit(agent.learn)
+
+    def params_after(t, a=agent, fn=learn):
+        new, metrics = fn(state.learner, t)
+        return jax.tree.leaves(new.params), metrics
+
+    base, metrics = params_after(traj)
+    assert np.all(np.asarray(metrics["approx_kl"]) < 1e-3)
+    early = dict(traj, action=traj["action"].at[:b].set(1 - traj["action"][:b]),
+                 log_prob=traj["log_prob"].at[:b].add(-0.7), reward=traj["reward"].at[:b].add(5.0))
+    for x, y in zip(base, params_after(early)[0]):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    at_b = dict(traj, action=traj["action"].at[b].set(1 - traj["action"][b]))
+    assert any(not np.array_equal(x, y) for x, y in zip(base, params_after(at_b)[0]))
+    plain = tj.make_train(config.replace(burn_in_steps=0)).agent
+    plain_learn = jax.jit(plain.learn)
+    without = [params_after(t, plain, plain_learn)[0] for t in (traj, early)]
+    assert any(not np.array_equal(x, y) for x, y in zip(*without))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(burn_in_steps=16), r"^burn_in_steps=16 must be below num_steps=16 .*allowed values: 0\.\.15$"),
+    (dict(burn_in_steps=-1), r"^burn_in_steps must be >= 0, got -1$"),
+    (dict(burn_in_steps=2, recurrent="none"), r"^burn_in_steps=2 needs a recurrent core"),
+])
+def test_burn_in_refusals_are_one_line(changes, message):
+    with pytest.raises(ValueError, match=message):
+        tj.PPOConfig(**{**SMALL, **changes})
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_updates_run_without_nonfinite_values(cell):
     config = tj.PPOConfig(**{**SMALL, "recurrent": cell})

@@ -214,15 +214,21 @@ class PPOAgent(OnPolicyAgent):
             advantages, returns = gae(traj["reward"], values, last_value, final_values, traj["terminated"],
                                       traj["truncated"], cfg.gamma, cfg.gae_lambda)
         env_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  (T, N, ...) <-> (N, T, ...)
+        b = cfg.burn_in_steps  # the loss covers steps b..T-1 of each column (static)
+        loss_steps = lambda x: env_major(x)[:, b:] if b else env_major(x)  # noqa: E731
         batch = PPOBatch(obs={"obs": env_major(traj["obs"]), "reset": env_major(traj["reset"]),
                               "hidden": traj["hidden_init"]},
-                         actions=env_major(traj["action"]), log_probs=env_major(traj["log_prob"]),
-                         values=env_major(values), advantages=env_major(advantages), returns=env_major(returns))
+                         actions=loss_steps(traj["action"]), log_probs=loss_steps(traj["log_prob"]),
+                         values=loss_steps(values), advantages=loss_steps(advantages), returns=loss_steps(returns))
 
         def apply_columns(p: Any, columns: dict) -> tuple[Any, jax.Array]:
-            # env-major columns (n, T, ...) from their initial carries -> outputs (n, T, ...)
-            _, out, value = self.apply_sequence(p, columns["hidden"], env_major(columns["obs"]),
-                                                env_major(columns["reset"]))
+            # env-major columns (n, T, ...) from their initial carries -> outputs (n, T - b, ...)
+            hidden, obs, reset = columns["hidden"], env_major(columns["obs"]), env_major(columns["reset"])
+            if b:  # burn-in: the first b steps only carry the state forward (current params, no gradient)
+                carries, _, _ = self.apply_sequence(jax.lax.stop_gradient(p), hidden, obs[:b], reset[:b])
+                hidden = jax.lax.stop_gradient(jax.tree.map(lambda c: c[-1], carries))
+                obs, reset = obs[b:], reset[b:]
+            _, out, value = self.apply_sequence(p, hidden, obs, reset)
             out = (env_major(out[0]), out[1]) if self.continuous else env_major(out)
             return out, env_major(value)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.config_base import _check_bool, _check_float, _torso_text
+from tianji_jax.config_base import _check_bool, _check_float, _check_int, _torso_text
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PPOConfig"]
@@ -56,6 +56,12 @@ class PPOConfig(OnPolicyConfig):
     """Weight of the entropy bonus, >= 0."""
     normalize_advantages: bool = True
     """Normalise advantages to zero mean, unit std within each minibatch."""
+    burn_in_steps: int = 0
+    """Recurrent PPO: the first this many steps of every rollout column only warm up the core's state
+    for the loss (no loss terms, no gradient through them; R2D2's burn-in, Kapturowski et al. 2019).
+    The state stored at a rollout's start was computed by the acting policy, up to max_policy_lag
+    versions older under relaxed schedules; the learner re-runs each column from it with its current
+    params. 0 (default): every step is in the loss. In [0, num_steps); needs recurrent != 'none'."""
 
     def _check_fields(self) -> None:
         """PPO's own fields (see :meth:`OnPolicyConfig._check_fields`)."""
@@ -67,6 +73,13 @@ class PPOConfig(OnPolicyConfig):
         _check_float("ent_coef", self.ent_coef, low=0.0)
         for name in ("clip_value_loss", "normalize_advantages"):
             _check_bool(name, getattr(self, name))
+        _check_int("burn_in_steps", self.burn_in_steps, minimum=0)
+        if self.burn_in_steps and self.recurrent == "none":
+            raise ValueError(f"burn_in_steps={self.burn_in_steps} needs a recurrent core (recurrent 'lstm' or 'gru', "
+                             "got 'none'); allowed with recurrent='none': 0")
+        if self.burn_in_steps >= self.num_steps:
+            raise ValueError(f"burn_in_steps={self.burn_in_steps} must be below num_steps={self.num_steps} (the steps "
+                             f"after it are the loss's); allowed values: 0..{self.num_steps - 1}")
         if self.normalize_advantages and self.batch_size // self.num_minibatches < 2:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} leaves minibatches of {self.batch_size // self.num_minibatches} "
