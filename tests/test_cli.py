@@ -76,6 +76,21 @@ def test_bad_config_exits_2_naming_field(args, field, capsys, no_training):
     assert no_training == []  # nothing ran
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--algo", "dqn", "--recurrent", "lstm"], "tianji train: error: --recurrent is not an option of --algo dqn (it "
+     "is one of ppo, pqn): the replay data path stores and samples single transitions; a recurrent core needs "
+     "sequence replay"),
+    (["--algo", "sac", "--rnn-hidden-size=64"], "--rnn-hidden-size is not an option of --algo sac (it is one of "
+                                                "ppo, pqn): the replay data path"),
+    (["--algo", "sac", "--clip-eps", "0.1"], "tianji train: error: --clip-eps is not an option of --algo sac (it "
+                                             "is one of ppo)\n"),
+])
+def test_another_algorithms_option_is_one_line_with_the_reason(args, line, capsys, no_training):
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert line in err and err.count("\n") == 1 and no_training == []
+
+
 def test_unknown_command_exits_2(capsys):
     assert main(["fit", "--gamma", "0.9"]) == 2
     err = capsys.readouterr().err

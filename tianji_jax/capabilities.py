@@ -24,8 +24,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "reason", "table", "markdown",
-           "cell_of", "check"]
+__all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
+           "markdown", "field_reason", "cell_of", "check"]
 
 ALGOS = ("ppo", "pqn", "dqn", "sac")
 DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay", "sac": "replay"}
@@ -91,6 +91,24 @@ RULES: tuple[_Rule, ...] = (
 """The rules, in order (first match wins)."""
 
 
+_NO_SEQUENCE_REPLAY = ("the replay data path stores and samples single transitions; a recurrent core needs "
+                       "sequence replay (stored states and burn-in, as R2D2), which is not built yet; recurrent "
+                       "policies: ppo, pqn")
+FIELD_REASONS: dict[tuple[str, str], str] = {
+    ("dqn", "recurrent"): _NO_SEQUENCE_REPLAY,
+    ("sac", "recurrent"): _NO_SEQUENCE_REPLAY,
+    ("dqn", "rnn_hidden_size"): _NO_SEQUENCE_REPLAY,
+    ("sac", "rnn_hidden_size"): _NO_SEQUENCE_REPLAY,
+}
+"""Network and loss options that some algorithms take and others do not, with the reason for the
+others (``(algo, field) -> reason``); ``tianji train`` repeats it for such a flag."""
+
+
+def field_reason(algo: str, field: str) -> str | None:
+    """Why ``algo`` does not take the config field ``field`` that another algorithm takes, or None."""
+    return FIELD_REASONS.get((algo, field))
+
+
 def reason(cell: Cell) -> str | None:
     """Why ``cell`` is not supported, or None when it is."""
     for rule in RULES:
@@ -124,6 +142,14 @@ def markdown() -> str:
         lines.append(f"| {algo} | {runtime} | {actors} | {layout} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"{i + 1}. {r}" for i, r in enumerate(reasons)]
+    lines += ["", "Options some algorithms do not take (`tianji train` names the reason):", ""]
+    by_reason: dict[str, tuple[list[str], list[str]]] = {}  # reason -> (fields, algorithms)
+    for (algo, field), why in FIELD_REASONS.items():
+        fields, algos = by_reason.setdefault(why, ([], []))
+        fields += [field] if field not in fields else []
+        algos += [algo] if algo not in algos else []
+    lines += [f"- {', '.join(f'`{f}`' for f in fields)}: not {', '.join(algos)}: {why}"
+              for why, (fields, algos) in by_reason.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import tyro
 
 from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
-from tianji_jax.cli_argv import check_choices, whole_floats_to_ints
+from tianji_jax.cli_argv import check_choices, check_foreign_flags, whole_floats_to_ints
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -204,6 +204,7 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
             default = args_type(config=stored, algo=algo)
         else:
             args_type = _args_type(_algo_of(argv))
+            check_foreign_flags(argv, _algo_of(argv), args_type)  # another algorithm's option: one line, with why
         check_choices(argv, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
         return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))

@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices"]
+__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices", "check_foreign_flags"]
 
 
 def whole_floats_to_ints(argv: list[str]) -> list[str]:
@@ -72,11 +72,9 @@ def _choices_of(tp: Any) -> tuple[str, ...] | None:
     return None
 
 
-def choice_flags(cls: type) -> dict[str, tuple[str, str, tuple[str, ...]]]:
-    """The choice flags of the argument dataclass ``cls`` (nested dataclass fields flattened, as
-    ``tyro.conf.OmitArgPrefixes`` does): ``{flag: (canonical flag, field name, allowed values)}``,
-    each field under both spellings (``--double-q`` and ``--double_q``)."""
-    flags: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+def _walk_fields(cls: type, visit: Any) -> None:
+    """Call ``visit(field, type)`` for every field of the argument dataclass ``cls``, nested
+    dataclass fields flattened (as ``tyro.conf.OmitArgPrefixes`` does)."""
 
     def walk(c: type) -> None:
         try:
@@ -91,13 +89,60 @@ def choice_flags(cls: type) -> dict[str, tuple[str, str, tuple[str, ...]]]:
             if isinstance(inner, type) and dataclasses.is_dataclass(inner):
                 walk(inner)
                 continue
-            allowed = _choices_of(tp)
-            if allowed:
-                canonical = f"--{f.name.replace('_', '-')}"
-                flags[canonical] = flags[f"--{f.name}"] = (canonical, f.name, allowed)
+            visit(f, tp)
 
     walk(cls)
+
+
+def choice_flags(cls: type) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """The choice flags of the argument dataclass ``cls`` (nested dataclass fields flattened, as
+    ``tyro.conf.OmitArgPrefixes`` does): ``{flag: (canonical flag, field name, allowed values)}``,
+    each field under both spellings (``--double-q`` and ``--double_q``)."""
+    flags: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+
+    def visit(f: dataclasses.Field, tp: Any) -> None:
+        allowed = _choices_of(tp)
+        if allowed:
+            canonical = f"--{f.name.replace('_', '-')}"
+            flags[canonical] = flags[f"--{f.name}"] = (canonical, f.name, allowed)
+
+    _walk_fields(cls, visit)
     return flags
+
+
+def check_foreign_flags(argv: list[str], algo: str, cls: type) -> None:
+    """Refuse, in one line, an option that ``algo``'s argument dataclass ``cls`` lacks but another
+    registered algorithm's config has (``tianji train --algo dqn --recurrent lstm``), naming the
+    algorithms that take it and, where the capability table gives one
+    (:func:`~tianji_jax.capabilities.field_reason`), why ``algo`` does not. Other unknown options
+    are left to the parser.
+
+    Raises:
+        ValueError: such an option.
+    """
+    from tianji_jax.algos.registry import algorithm_names, get_algorithm
+    from tianji_jax.capabilities import field_reason
+
+    own: set[str] = set()
+    _walk_fields(cls, lambda f, tp: own.add(f.name))
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].partition("=")[0].replace("-", "_")
+        if name in own:
+            continue
+        takers = []
+        for other in algorithm_names():
+            try:
+                fields = {f.name for f in dataclasses.fields(get_algorithm(other).config_cls)}
+            except Exception:  # noqa: BLE001 - another package's broken registration: its own error comes later
+                continue
+            if other != algo and name in fields:
+                takers.append(other)
+        if takers:
+            why = field_reason(algo, name)
+            raise ValueError(f"--{name.replace('_', '-')} is not an option of --algo {algo} (it is one of "
+                             f"{', '.join(takers)})" + (f": {why}" if why else ""))
 
 
 def check_choices(argv: list[str], cls: type) -> None:
