@@ -161,6 +161,7 @@ def test_burn_in_steps_only_carry_the_state():
     behaviour policy exactly on the loss steps (ratio 1)."""
     b = 4
     config = tj.PPOConfig(**SMALL, burn_in_steps=b)
+    assert "burn-in of 4 steps per column" in config.describe()
     trainer = tj.make_train(config)
     state = trainer.init(jax.random.PRNGKey(0))
     agent = trainer.agent

@@ -95,4 +95,6 @@ class PPOConfig(OnPolicyConfig):
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""
         spec = self.env_spec
         return (f"PPO on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}{self._describe_network()}, "
-                f"action {spec.action_space!r}): " + self._describe_sizes() + self._describe_runtime())
+                f"action {spec.action_space!r}): " + self._describe_sizes()
+                + (f"; burn-in of {self.burn_in_steps} steps per column" if self.burn_in_steps else "")
+                + self._describe_runtime())
