@@ -99,7 +99,9 @@ def run_one(task: str, variant: str, seed: int, quick: bool) -> tuple[dict, list
            "best_eval_return": float(np.nanmax(c["eval_return_mean"])),
            "final_eval_return": float(c["eval_return_mean"][-1]),
            "env_steps": float(c["env_steps"][-1]), "wall_s": float(c["wall_time_s"][-1]),
-           "steady_sps": _common.steady_anakin(c) if len(c["wall_time_s"]) >= 2 else math.nan,
+           "steady_sps": (math.nan if len(c["wall_time_s"]) < 2 else _common.steady_anakin(c)
+                          if config.runtime == "anakin"  # async rows: env steps the learner consumed per second
+                          else _common.steady_async(c, config.update_epochs)["consumed_env_sps"]),
            "load_before": (load_before or [math.nan])[0], "load_after": (_common.loadavg() or [math.nan])[0]}
     curve = [{"task": task, "variant": variant, "seed": seed, "env_steps": float(x), "eval_return": float(y)}
              for x, y in zip(c["env_steps"], c["eval_return_mean"])]
@@ -118,10 +120,16 @@ def summarise(rows: list[dict], quick: bool) -> str:
     def vals(task, variant, key):
         return [r[key] for r in rows if r["task"] == task and r["variant"] == variant]
 
+    episodes = QUICK["eval_episodes"] if quick else SETTINGS["masked_cartpole"][3]["eval_episodes"]
     lines = [f"# Recurrent PPO vs a 4-frame stack on tasks that need memory{' (--quick)' if quick else ''}", "",
+             *(["**--quick**: 2 updates per run and 2 evaluation episodes, which only checks the pipeline: a "
+                "threshold 'solved' here is chance (the full run's results are in experiments/README.md).", ""]
+               if quick else []),
              f"Command: `{_common.command()}`", "", _common.SHARED_NOTE, "",
-             "Anakin PPO, the same settings per task for every variant (`SETTINGS` in the script); each run "
-             "stops at its first evaluation (20 deterministic episodes) whose mean reaches the threshold. "
+             "PPO with the same settings per task for every variant (`SETTINGS` in the script; Anakin, except the "
+             "`lstm_relaxed*` variants: async runtime, `relaxed`, 2 device actors, lag <= 2, their SPS the env steps "
+             f"the learner consumed per second); each run stops at its first evaluation ({episodes} deterministic "
+             "episodes) whose mean reaches the threshold. "
              "Wall seconds are from the start of `tj.train`: compilation included, or its load from JAX's "
              "persistent compilation cache (on by default; programs compiled by an earlier run load in well under "
              "a second). SPS excludes the first row (compilation) and is '-' for runs that stopped at their first "
@@ -175,7 +183,7 @@ def plot(curve_rows: list[dict], out: Path) -> None:
         ax.axhline(SETTINGS[task][1], color="k", ls="--", lw=0.8)
         ax.set_title(task)
         ax.set_xlabel("env steps")
-        ax.set_ylabel("eval return (20 episodes)")
+        ax.set_ylabel("eval return (mean over the evaluation's episodes)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=100)

@@ -84,8 +84,13 @@ def test_bad_config_exits_2_naming_field(args, field, capsys, no_training):
                                                 "ppo, pqn): the replay data path"),
     (["--algo", "sac", "--clip-eps", "0.1"], "tianji train: error: --clip-eps is not an option of --algo sac (it "
                                              "is one of ppo)\n"),
+    (["--algo", "pqn", "--recurrent", "gru", "--burn-in-steps", "4"], "--burn-in-steps is not an option of --algo "
+                                                                      "pqn (it is one of ppo): burn-in is built"),
+    (["--recurrent", "lstm", "--burn-in-steps", "1.5"], "tianji train: error: --burn-in-steps: '1.5' is not an "
+                                                        "integer\n"),
+    (["--rnn-hidden-size=abc"], "tianji train: error: --rnn-hidden-size: 'abc' is not an integer\n"),
 ])
-def test_another_algorithms_option_is_one_line_with_the_reason(args, line, capsys, no_training):
+def test_another_algorithms_option_or_a_non_integer_is_one_line(args, line, capsys, no_training):
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert line in err and err.count("\n") == 1 and no_training == []
@@ -321,3 +326,17 @@ def test_choice_flags_come_from_the_field_types():
     assert "--progress" in dqn and "--async-checkpointing" in dqn  # run options and the checkpoint's fields
     assert "--gamma" not in dqn and "--env" not in dqn and "--num-envs" not in dqn  # not choices
     assert choice_flags(_args_type("sac"))["--autotune"][2] == ("True", "False")
+
+
+def test_a_multi_host_resume_with_another_process_count_is_one_line(tmp_path, capsys, no_training):
+    """Resuming a two-process run with --num-processes 1 names the run's process count (not the
+    stored coordinator, which the user never typed)."""
+    import json
+
+    config = tianji_jax.DQNConfig(runtime="async", num_processes=2, coordinator="127.0.0.1:1234")
+    (tmp_path / "config.json").write_text(json.dumps({**config.to_dict(), "algo": "dqn"}))
+    assert main(["train", "--resume", str(tmp_path), "--num-processes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tianji train: error: --num-processes 1: the run in {str(tmp_path)!r} ran with num_processes=2; "
+                   "a resume relaunches the same number of processes (allowed: --num-processes 2)\n")
+    assert no_training == []

@@ -104,13 +104,24 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     check_new_run_dir(tmp_path / "new")
     # rows but no complete checkpoint (one interrupted while being written): not resumable, not reusable
     (rows / "checkpoints" / "128.orbax-checkpoint-tmp-1").mkdir(parents=True)
-    msg = interrupt_message(rows, resumable=True)
+    msg = interrupt_message(rows)
     assert "cannot be resumed" in msg and "new directory" in msg and "--resume" not in msg
-    assert f"tianji train --resume {ckpt}" in interrupt_message(ckpt, resumable=True)
-    # a run that cannot be resumed (learner groups, several processes) says what it really kept
-    msg = interrupt_message(rows, resumable=False)
+    assert f"tianji train --resume {ckpt})" in interrupt_message(ckpt)
+    # a run that cannot be resumed (learner groups, no replay in its checkpoints) says what it really kept and why
+    from tianji_jax.run_status import resume_hint
+
+    groups = tj.PPOConfig(runtime="async", num_learner_groups=2, num_actors=2, num_envs=4, num_steps=16,
+                          total_env_steps=4096)
+    msg = interrupt_message(rows, *resume_hint(groups))
     assert "keeps 1 metrics row(s);" in msg and "checkpoint" not in msg.split(";")[0]
-    assert "nothing yet (no metrics row, no checkpoint)" in interrupt_message(empty, resumable=False)
+    assert msg.endswith("it cannot be resumed: runs with learner groups cannot be resumed yet")
+    assert "nothing yet (no metrics row, no checkpoint)" in interrupt_message(empty, *resume_hint(groups))
+    no_replay = resume_hint(tj.DQNConfig(), tj.CheckpointConfig(checkpoint_replay=False))
+    assert "checkpoint_replay=False" in interrupt_message(ckpt, *no_replay)
+    # a multi-host run: the resume needs every process's launch flags
+    multi = tj.DQNConfig(runtime="async", num_processes=2, coordinator="127.0.0.1:1234")
+    assert (f"tianji train --resume {ckpt} --num-processes 2 --process-id I --coordinator HOST:PORT (on every "
+            "process I of the job))") in interrupt_message(ckpt, *resume_hint(multi))
 
 
 def test_a_directory_of_the_users_own_files_is_never_overwritten(tmp_path):

@@ -123,7 +123,11 @@ def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
                         (["--grid", "gamma=0.9,x"], "--grid gamma: 'x' is not a number"),
                         (["--grid", "gamma"], "expected NAME=V1,V2"),
                         (["--seeds", "0"], "--grid NAME=V1,V2,... is required"),
-                        (["--grid", "gamma=0.9", "--seeds", "a"], "--seeds: 'a' is not an integer")):
+                        (["--grid", "gamma=0.9", "--seeds", "a"], "--seeds: 'a' is not an integer"),
+                        (["--grid", "recurrent=lstm,gru"], "grid fields ['recurrent'] cannot be swept"),
+                        (["--grid", "gamma=0.9", "--num-envs", "4.5"], "--num-envs: '4.5' is not an integer"),
+                        (["--algo", "dqn", "--recurrent", "lstm", "--grid", "learning_rate=1e-3"],
+                         "--recurrent is not an option of --algo dqn (it is one of ppo, pqn): the replay data path")):
         assert main(["sweep", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tianji sweep: error: ") and match in err and err.count("\n") == 1, err

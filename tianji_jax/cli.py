@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import tyro
 
 from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
-from tianji_jax.cli_argv import check_choices, check_foreign_flags, whole_floats_to_ints
+from tianji_jax.cli_argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -200,12 +200,19 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
             algo = algorithm_for(stored).name
             if _flag_value(argv, "--algo", algo) != algo:
                 raise ValueError(f"--algo {_algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
+            procs = getattr(stored, "num_processes", 1)
+            given = _flag_value(argv, "--num-processes", None) or _flag_value(argv, "--num_processes", None)
+            if given is not None and given != str(procs):  # before the stored coordinator's own check
+                raise ValueError(f"--num-processes {given}: the run in {resume_dir!r} ran with num_processes={procs}; "
+                                 "a resume relaunches the same number of processes (allowed: "
+                                 f"--num-processes {procs})")
             args_type = _args_type(algo)
             default = args_type(config=stored, algo=algo)
         else:
             args_type = _args_type(_algo_of(argv))
             check_foreign_flags(argv, _algo_of(argv), args_type)  # another algorithm's option: one line, with why
         check_choices(argv, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
+        check_ints(argv, args_type)  # a non-integer value of an int option: one line
         return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
     except (ValueError, TypeError, MemoryError, FileNotFoundError) as err:  # one clear line, no traceback
@@ -226,6 +233,7 @@ def _train(argv: list[str]) -> int:
         return args
     from tianji_jax.checkpoint import CheckpointError
     from tianji_jax.runtime.nonfinite import NonFiniteError
+    from tianji_jax.runtime.async_runtime import PeerStoppedError
     from tianji_jax.training import train
 
     config = args.config
@@ -260,16 +268,18 @@ def _train(argv: list[str]) -> int:
     except NonFiniteError as err:  # the non-finite guard's stop: its message says what and where
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: actor/learner threads are stopped and joined by then
-        from tianji_jax.run_status import interrupt_message
+    except (KeyboardInterrupt, PeerStoppedError) as err:  # Ctrl-C (here or, multi-host, on another process)
+        from tianji_jax.run_status import interrupt_message, resume_hint
 
-        resumable = getattr(config, "num_learner_groups", 1) == 1  # multi-host runs resume too
         if args.resume is not None:  # a resume that fell back to an older checkpoint went on in a new directory
             from tianji_jax.checkpoint_verify import continued_in
 
             run_dir = continued_in(run_dir, started) or run_dir
-        print(interrupt_message(run_dir, resumable), file=sys.stderr)
-        return 130
+        message = interrupt_message(run_dir, *resume_hint(config, args.checkpoint))
+        if isinstance(err, PeerStoppedError):
+            message = message.replace("tianji train: interrupted; ", f"tianji train: stopped: {err}; ", 1)
+        print(message, file=sys.stderr)
+        return 130 if isinstance(err, KeyboardInterrupt) else _EXIT_PEER_STOPPED
     curve = result.curve
     last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
     if getattr(result, "already_finished", False):
@@ -455,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         if status != 0:
             sys.stdout.flush()
             sys.stderr.flush()
+            if status in (2, 130, _EXIT_PEER_STOPPED):  # every process stops together: leave the job together
+                from tianji_jax.runtime.distributed import leave_job
+
+                leave_job()
             os._exit(status)
         return status
     if command == "sweep":
@@ -468,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tianji: error: unknown command {command!r}; allowed: {', '.join(_COMMANDS)}\n{_USAGE}",
           file=sys.stderr, end="")
     return 2
+
+
+_EXIT_PEER_STOPPED = 4
+"""``tianji train``'s status when another process of its multi-host job stopped the run."""
 
 
 def console_main() -> None:

@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices", "check_foreign_flags"]
+__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices", "check_ints", "check_foreign_flags"]
 
 
 def whole_floats_to_ints(argv: list[str]) -> list[str]:
@@ -108,6 +108,44 @@ def choice_flags(cls: type) -> dict[str, tuple[str, str, tuple[str, ...]]]:
 
     _walk_fields(cls, visit)
     return flags
+
+
+def check_ints(argv: list[str], cls: type) -> None:
+    """Check the values of the int options of ``cls`` (fields typed ``int`` or ``int | None``,
+    nested dataclasses flattened) in ``argv`` (after :func:`whole_floats_to_ints`), so that
+    ``--burn-in-steps 1.5`` is one line, not the parser's box.
+
+    Raises:
+        ValueError: e.g. ``--burn-in-steps: '1.5' is not an integer``.
+    """
+    if "-h" in argv or "--help" in argv:
+        return
+    flags: dict[str, tuple[str, bool]] = {}
+
+    def visit(f: dataclasses.Field, tp: Any) -> None:
+        while typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+        optional = typing.get_origin(tp) in (Union, types.UnionType) and set(typing.get_args(tp)) == {int, type(None)}
+        if tp is int or optional:
+            canonical = f"--{f.name.replace('_', '-')}"
+            flags[canonical] = flags[f"--{f.name}"] = (canonical, optional)
+
+    _walk_fields(cls, visit)
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag not in flags:
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                continue  # the parser reports a missing value
+            value = argv[i + 1]
+        canonical, optional = flags[flag]
+        if optional and value == "None":
+            continue
+        try:
+            int(value)
+        except ValueError:
+            raise ValueError(f"{canonical}: {value!r} is not an integer") from None
 
 
 def check_foreign_flags(argv: list[str], algo: str, cls: type) -> None:

@@ -19,7 +19,7 @@ from typing import Annotated
 import tyro
 
 from tianji_jax.algos.registry import get_algorithm
-from tianji_jax.cli_argv import check_choices, whole_floats_to_ints
+from tianji_jax.cli_argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
 
 __all__ = ["sweep_main"]
 
@@ -60,11 +60,13 @@ def _number(name: str, text: str) -> float | int:
     return int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
 
 
-def _grid(specs: list[str]) -> dict[str, list[float | int]]:
-    """``["lr=1e-3,3e-4", ...]`` -> ``{"lr": [0.001, 0.0003]}``.
+def _grid(specs: list[str], numeric: tuple[str, ...]) -> dict[str, list[float | int | str]]:
+    """``["lr=1e-3,3e-4", ...]`` -> ``{"lr": [0.001, 0.0003]}``: the values of the ``numeric``
+    names (the algorithm's traced hyper-parameters) parsed as numbers; any other name's values
+    stay text, for :func:`~tianji_jax.sweep.sweep` to refuse the name itself in one line.
 
     Raises:
-        ValueError: a spec without ``=``, a repeated name or a value that is not a number.
+        ValueError: a spec without ``=``, a repeated name or a traced value that is not a number.
     """
     grid: dict[str, list[float | int]] = {}
     for spec in specs:
@@ -73,7 +75,7 @@ def _grid(specs: list[str]) -> dict[str, list[float | int]]:
             raise ValueError(f"--grid {spec!r}: expected NAME=V1,V2,... (e.g. --grid learning_rate=1e-4,3e-4)")
         if name in grid:
             raise ValueError(f"--grid {name} is given twice; put all its values in one --grid {name}=V1,V2")
-        grid[name] = [_number(name, v) for v in values.split(",")]
+        grid[name] = [_number(name, v) if name in numeric else v for v in values.split(",")]
     return grid
 
 
@@ -103,10 +105,13 @@ def sweep_main(argv: list[str]) -> int:
             namespace={"__doc__": f"Train a grid of {algo}'s traced hyper-parameters x seeds in one compiled "
                                   "program (options: --grid NAME=V1,V2 (repeatable), --seeds 0,1,2, --out CSV, "
                                   "--algo NAME; the rest below are the config's fields)."})
+        check_foreign_flags(rest, algo, args_type)  # another algorithm's option: one line, with why
         check_choices(rest, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
+        check_ints(rest, args_type)  # a non-integer value of an int option: one line
         args = tyro.cli(args_type, args=rest, prog=f"tianji sweep --algo {algo}",
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
-        grid, seeds = _grid(own["--grid"]), _seeds(own["--seeds"])
+        grid = _grid(own["--grid"], get_algorithm(algo).traced_hyperparameters)
+        seeds = _seeds(own["--seeds"])
         out = Path(own["--out"][-1] if own["--out"] else "sweep.csv")
         from tianji_jax.sweep import sweep
 

@@ -70,20 +70,39 @@ def check_new_run_dir(run_dir: str | Path) -> None:
                               "or resume it")
 
 
-def interrupt_message(run_dir: str | Path, resumable: bool) -> str:
-    """The line ``tianji train`` prints after a Ctrl-C: how to continue the run in ``run_dir``, or,
-    when it cannot be resumed (``resumable`` False: several processes or learner groups; or no
-    complete checkpoint yet), why, and what to do instead."""
+def resume_hint(config: Any, checkpoint: Any = None) -> tuple[str | None, str]:
+    """``(why_not, extra_flags)`` for :func:`interrupt_message`: why a run of ``config`` saved with
+    the :class:`~tianji_jax.config.CheckpointConfig` ``checkpoint`` cannot be resumed (None if it
+    can), and the flags a resume needs besides ``--resume DIR`` (multi-host: every process's
+    launch flags)."""
+    from tianji_jax.algos.registry import algorithm_for
+
+    why = None
+    if getattr(config, "num_learner_groups", 1) > 1:
+        why = "runs with learner groups cannot be resumed yet"
+    elif (algorithm_for(config).data_path == "replay" and checkpoint is not None
+          and not getattr(checkpoint, "checkpoint_replay", True)):
+        why = "its checkpoints were saved without the replay buffer (checkpoint_replay=False), which a resume needs"
+    procs = getattr(config, "num_processes", 1)
+    flags = (f" --num-processes {procs} --process-id I --coordinator HOST:PORT (on every process I of the job)"
+             if procs > 1 else "")
+    return why, flags
+
+
+def interrupt_message(run_dir: str | Path, why_not: str | None = None, resume_flags: str = "") -> str:
+    """The line ``tianji train`` prints after a Ctrl-C: how to continue the run in ``run_dir``
+    (``tianji train --resume DIR`` plus ``resume_flags``), or, when it cannot be resumed
+    (``why_not``, see :func:`resume_hint`; or no complete checkpoint yet), why, and what to do
+    instead."""
     head = "tianji train: interrupted; "
-    if not resumable:
+    if why_not is not None:
         kept = ", ".join(([f"{metrics_rows(run_dir)} metrics row(s)"] if metrics_rows(run_dir) else [])
                          + (["its checkpoints (for tianji eval / tianji_jax.load)"] if complete_checkpoints(run_dir)
                             else [])) or "nothing yet (no metrics row, no checkpoint)"
-        return (head + f"{run_dir} keeps {kept}; runs with several processes or learner groups cannot be resumed "
-                "yet")
+        return head + f"{run_dir} keeps {kept}; it cannot be resumed: {why_not}"
     if complete_checkpoints(run_dir):
         return (head + f"{run_dir} keeps the metrics and checkpoints written so far (continue the run with: "
-                f"tianji train --resume {run_dir})")
+                f"tianji train --resume {run_dir}{resume_flags})")
     rows = metrics_rows(run_dir)
     if rows == 0 and not checkpoint_entries(run_dir):
         return (head + f"stopped before the first checkpoint: {run_dir} holds no checkpoint and no metrics, so "

@@ -318,10 +318,24 @@ class OnPolicyConfig(_AgentConfig):
                 f"chunks of {self.updates_per_chunk} updates"
                 + (f"; evaluation of {self.eval_episodes} episodes after each chunk" if self.eval_episodes else ""))
 
-    def _describe_network(self) -> str:
-        """The recurrent core's part of ``describe()``: empty when feed-forward, else e.g.
-        ``" -> LSTM(128)"`` (it follows the torso text)."""
-        return "" if self.recurrent == "none" else f" -> {self.recurrent.upper()}({self.rnn_hidden_size})"
+    def _describe_network(self, mlp_heads: str, linear_heads: str) -> str:
+        """The network as ``describe()`` states it: the torso text when feed-forward; with a
+        recurrent core, torso -> core -> heads as :class:`~tianji_jax.recurrent.RecurrentActorCritic`
+        / ``RecurrentQNetwork`` build them: an MLP torso is a one-layer embedding there and the MLP
+        of ``hidden_sizes`` follows the core (``mlp_heads``, also after a small CNN); a Nature CNN
+        or a user torso feeds ``linear_heads``."""
+        from tianji_jax.config_base import _torso_text
+        from tianji_jax.networks import resolve_torso, torso_path
+
+        if self.recurrent == "none":
+            return _torso_text(self)
+        torso = resolve_torso(self.torso, tuple(self.env_spec.observation_shape))
+        auto = " (auto)" if self.torso == "auto" else ""
+        first = (f"user torso {torso_path(torso)}" if callable(torso) else f"Nature CNN torso{auto}"
+                 if torso == "nature_cnn" else f"small CNN (16 3x3 filters) torso{auto}" if torso == "small_cnn"
+                 else f"Dense({self.hidden_sizes[0]}) {self.activation} embedding{auto}")
+        heads = mlp_heads if not callable(torso) and torso in ("mlp", "small_cnn") else linear_heads
+        return f"{first} -> {self.recurrent.upper()}({self.rnn_hidden_size}) -> {heads}"
 
     def _describe_runtime(self) -> str:
         """The runtime part of ``describe()``: Anakin or the async runtime, Ray, groups, processes."""

@@ -51,7 +51,7 @@ from tianji_jax.config_checks import check_coordinator  # re-exported: the confi
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
            "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_lockstep", "Watchdog", "supervise",
-           "kv_set", "kv_get", "kv_delete", "CHILD_ENV", "EXIT_PEER_DEAD"]
+           "kv_set", "kv_get", "kv_delete", "leave_job", "CHILD_ENV", "EXIT_PEER_DEAD"]
 
 CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
 """Set in the environment of the training child that :func:`supervise` starts."""
@@ -378,6 +378,29 @@ _TRANSPORT = re.compile(r"(Gloo .*failed|Connection closed by peer|Connection re
 _FATAL = re.compile(r"(JAX distributed service detected fatal errors|Polled an error from coordination service|"
                     r"coordination service.*(unavailable|Socket closed)|" + _TRANSPORT.pattern[1:-1] + ")",
                     re.IGNORECASE)
+
+
+def leave_job(timeout_s: float = 20.0) -> bool:
+    """Leave the jax.distributed job through its shutdown barrier, waiting at most ``timeout_s``
+    (in a daemon thread: a peer stuck in a collective must not hold this process). When every
+    process leaves together (an agreed stop, or one error every process reports), the coordinator
+    (process 0) then ends only after the others have left, so none sees it vanish mid-way. Returns
+    whether the barrier completed."""
+    import jax
+
+    done = threading.Event()
+
+    def shutdown() -> None:
+        try:
+            jax.distributed.shutdown()
+            done.set()
+        except Exception:  # noqa: BLE001 - a peer already gone: nothing to wait for
+            pass
+
+    t = threading.Thread(target=shutdown, name="tianji-leave-job", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return done.is_set()
 
 
 def child_failed(exc: BaseException) -> int:

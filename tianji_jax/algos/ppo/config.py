@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.config_base import _check_bool, _check_float, _check_int, _torso_text
+from tianji_jax.config_base import _check_bool, _check_float, _check_int
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PPOConfig"]
@@ -94,7 +94,8 @@ class PPOConfig(OnPolicyConfig):
     def describe(self) -> str:
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""
         spec = self.env_spec
-        return (f"PPO on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}{self._describe_network()}, "
+        return (f"PPO on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> "
+                f"{self._describe_network(f'actor and critic MLPs {list(self.hidden_sizes)} {self.activation}', 'linear heads')}, "
                 f"action {spec.action_space!r}): " + self._describe_sizes()
                 + (f"; burn-in of {self.burn_in_steps} steps per column" if self.burn_in_steps else "")
                 + self._describe_runtime())

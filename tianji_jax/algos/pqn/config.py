@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.config_base import _check_bool, _check_float, _torso_text
+from tianji_jax.config_base import _check_bool, _check_float
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PQNConfig"]
@@ -90,8 +90,10 @@ class PQNConfig(OnPolicyConfig):
     def describe(self) -> str:
         """One paragraph saying what will run: env, network, exploration, sizes, runtime."""
         spec = self.env_spec
-        return (f"PQN on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {_torso_text(self)}"
-                f"{self._describe_network()}"
-                f"{' with LayerNorm' if self.layer_norm else ''}, action {spec.action_space!r}): "
+        ln = " with LayerNorm" if self.layer_norm else ""
+        network = (self._describe_network(f"MLP {list(self.hidden_sizes)} {self.activation}{ln} -> Q head", "Q head")
+                   if self.recurrent != "none" else self._describe_network("", "") + ln)
+        return (f"PQN on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> {network}, "
+                f"action {spec.action_space!r}): "
                 f"Q(lambda={self.q_lambda}) returns, epsilon {self.epsilon_start} -> {self.epsilon_finish} over "
                 f"{self.epsilon_anneal_steps} env steps; " + self._describe_sizes() + self._describe_runtime())
