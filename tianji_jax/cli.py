@@ -21,7 +21,8 @@ from typing import Annotated, Literal
 import tyro
 
 from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
-from tianji_jax.cli_argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
+from tianji_jax.cli_argv import (algo_of, check_choices, check_foreign_flags, check_ints, flag_value,
+                                 whole_floats_to_ints)
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
@@ -108,22 +109,6 @@ def _args_type(algo: str) -> type:
 _BUILT_IN_ARGS = {"ppo": TrainArgs, "dqn": DQNTrainArgs}
 
 
-def _flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
-    """The value of ``flag`` in ``argv`` (``--flag X`` or ``--flag=X``; the last one wins)."""
-    value = default
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def _algo_of(argv: list[str]) -> str:
-    """The value of ``--algo`` in ``argv`` (``--algo X`` or ``--algo=X``; the last one wins), default 'ppo'."""
-    return _flag_value(argv, "--algo", "ppo")
-
-
 def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
     env = re.sub(r"[^A-Za-z0-9._-]+", "_", args.config.env_spec.name)  # wrapper ids hold | = , characters
     return Path("runs") / f"{args.algo}-{env}-s{args.config.seed}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
@@ -138,12 +123,12 @@ def _multi_host(argv: list[str]) -> int | None:
     from tianji_jax.runtime import distributed as dist
 
     try:
-        if _flag_value(argv, "--num-processes", None) is not None:
+        if flag_value(argv, "--num-processes", None) is not None:
             import dataclasses
 
             from tianji_jax.algos.registry import get_algorithm
 
-            algo = _algo_of(argv)
+            algo = algo_of(argv)
             try:
                 names = {f.name for f in dataclasses.fields(get_algorithm(algo).config_cls)}
             except ValueError:
@@ -151,7 +136,7 @@ def _multi_host(argv: list[str]) -> int | None:
             if "num_processes" not in names:
                 raise ValueError(f"--num-processes: --algo {algo} has no multi-host learners yet (the README's "
                                  "capability table); allowed: leave --num-processes out (one process)")
-        raw = {f: _flag_value(argv, f"--{f}", d) for f, d in
+        raw = {f: flag_value(argv, f"--{f}", d) for f, d in
                (("num-processes", "1"), ("process-id", "0"), ("heartbeat-timeout-s", "60"), ("coordinator", None))}
         ints = {}
         for f in ("num-processes", "process-id", "heartbeat-timeout-s"):
@@ -190,7 +175,7 @@ def _multi_host(argv: list[str]) -> int | None:
 def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
     """The parsed ``tianji train`` arguments (the config validated), or the exit status after
     printing the error (2) or the help (0)."""
-    resume_dir = _flag_value(argv, "--resume", None)
+    resume_dir = flag_value(argv, "--resume", None)
     try:
         default = None
         if resume_dir is not None and resume_dir != "None":  # the run's config is the default of every option
@@ -198,10 +183,10 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
 
             stored = load_config(resume_dir)
             algo = algorithm_for(stored).name
-            if _flag_value(argv, "--algo", algo) != algo:
-                raise ValueError(f"--algo {_algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
+            if flag_value(argv, "--algo", algo) != algo:
+                raise ValueError(f"--algo {algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
             procs = getattr(stored, "num_processes", 1)
-            given = _flag_value(argv, "--num-processes", None) or _flag_value(argv, "--num_processes", None)
+            given = flag_value(argv, "--num-processes", None) or flag_value(argv, "--num_processes", None)
             if given is not None and given != str(procs):  # before the stored coordinator's own check
                 raise ValueError(f"--num-processes {given}: the run in {resume_dir!r} ran with num_processes={procs}; "
                                  "a resume relaunches the same number of processes (allowed: "
@@ -209,8 +194,8 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
             args_type = _args_type(algo)
             default = args_type(config=stored, algo=algo)
         else:
-            args_type = _args_type(_algo_of(argv))
-            check_foreign_flags(argv, _algo_of(argv), args_type)  # another algorithm's option: one line, with why
+            args_type = _args_type(algo_of(argv))
+            check_foreign_flags(argv, algo_of(argv), args_type)  # another algorithm's option: one line, with why
         check_choices(argv, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
         check_ints(argv, args_type)  # a non-integer value of an int option: one line
         return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
@@ -399,13 +384,13 @@ def _learner_layout(argv: list[str]) -> tuple[str, str]:
     from pathlib import Path
 
     saved: dict = {}
-    resume = _flag_value(argv, "--resume", None)
+    resume = flag_value(argv, "--resume", None)
     if resume is not None:
         try:
             saved = json.loads((Path(resume) / "config.json").read_text())
         except (OSError, ValueError):
             saved = {}  # a missing or bad run directory is reported by the resume itself
-    return tuple(_flag_value(argv, f"--{name.replace('_', '-')}", str(saved.get(name, 1)))  # type: ignore[return-value]
+    return tuple(flag_value(argv, f"--{name.replace('_', '-')}", str(saved.get(name, 1)))  # type: ignore[return-value]
                  for name in ("num_learner_devices", "num_learner_groups"))
 
 

@@ -10,7 +10,23 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-__all__ = ["whole_floats_to_ints", "choice_flags", "check_choices", "check_ints", "check_foreign_flags"]
+__all__ = ["flag_value", "algo_of", "whole_floats_to_ints", "choice_flags", "check_choices", "check_ints", "check_foreign_flags"]
+
+
+def flag_value(argv: list[str], flag: str, default: str | None) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag X`` or ``--flag=X``; the last one wins)."""
+    value = default
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def algo_of(argv: list[str]) -> str:
+    """The value of ``--algo`` in ``argv`` (``--algo X`` or ``--algo=X``; the last one wins), default 'ppo'."""
+    return flag_value(argv, "--algo", "ppo")
 
 
 def whole_floats_to_ints(argv: list[str]) -> list[str]:
