@@ -119,6 +119,11 @@ def test_rnn_hidden_size_type_checked():
 
 def test_describe_names_the_core_and_feed_forward_is_unchanged():
     assert "-> LSTM(16)" in tj.PPOConfig(**SMALL).describe()
+    # as built: an MLP torso is a one-layer embedding before the core, the MLPs of hidden_sizes follow it
+    assert ("obs (2,) -> Dense(64) tanh embedding (auto) -> LSTM(16) -> actor and critic MLPs [64, 64] tanh, "
+            in tj.PPOConfig(**SMALL).describe())
+    assert ("-> Dense(128) relu embedding (auto) -> GRU(128) -> MLP [128, 128] relu with LayerNorm -> Q head, "
+            in tj.PQNConfig(recurrent="gru").describe())
     assert "-> GRU(16)" in tj.PPOConfig(**{**SMALL, "recurrent": "gru"}).describe()
     ff = tj.PPOConfig(**{**SMALL, "recurrent": "none"})
     assert "LSTM" not in ff.describe() and "GRU" not in ff.describe()
