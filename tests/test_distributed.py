@@ -537,6 +537,35 @@ def test_two_replay_processes_keep_identical_replicas(tmp_path, algo, env):
     assert "placement: process 1 of 2" in procs[1].text
 
 
+@pytest.mark.slow  # two jax.distributed processes through the CLI: about 40 s on 2 cores
+def test_ctrl_c_on_one_process_stops_both_with_one_line_each(tmp_path):
+    """Ctrl-C on process 0 of a two-process CLI run: both learners stop after the same update;
+    process 0 says it was interrupted (status 130), process 1 that its peer stopped the run
+    (status 4), one line each, and both leave the job together (process 1 never reports process 0
+    as dead)."""
+    port = _free_port()
+    procs = [_Proc(["-c", CLI, "train", *REPLAY_SMALL, "--algo", "dqn", "--schedule", "sync", "--total-env-steps",
+                    "65536", "--eval-every-env-steps", "512", "--num-processes", "2", "--process-id", str(i),
+                    "--coordinator", f"127.0.0.1:{port}", "--heartbeat-timeout-s", "30",
+                    "--run-dir", str(tmp_path / "run")], tmp_path) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not any("update 40 params" in line for _, line in procs[0].lines):
+            assert all(p.p.poll() is None for p in procs), [p.text[-2000:] for p in procs]
+            time.sleep(0.5)
+        os.kill(procs[0].p.pid, signal.SIGINT)
+        rcs = [p.wait(120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [130, 4], [p.text[-3000:] for p in procs]
+    assert procs[0].lines[-1][1].startswith("tianji train: interrupted; "), procs[0].text[-2000:]
+    assert re.match(r"tianji train: stopped: another process of this multi-host job stopped the run after update "
+                    r"\d+ .*continue the run with: tianji train --resume .* --num-processes 2 --process-id I "
+                    r"--coordinator HOST:PORT", procs[1].lines[-1][1]), procs[1].text[-2000:]
+    assert not any("died" in p.text or "Traceback" in p.text for p in procs)
+
+
 def test_replay_multi_host_fields_are_checked():
     base = dict(runtime="async", num_envs=4, num_steps=4, total_env_steps=4096, learning_starts=256, batch_size=32,
                 buffer_capacity=2048, replay_ratio=0.125, eval_episodes=0, num_processes=2,
