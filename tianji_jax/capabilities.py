@@ -101,8 +101,8 @@ FIELD_REASONS: dict[tuple[str, str], str] = {
     ("sac", "rnn_hidden_size"): _NO_SEQUENCE_REPLAY,
     ("dqn", "burn_in_steps"): _NO_SEQUENCE_REPLAY,
     ("sac", "burn_in_steps"): _NO_SEQUENCE_REPLAY,
-    ("pqn", "burn_in_steps"): ("burn-in is built into PPO's recurrent loss only (and measured not to help it with a "
-                               "lag of at most 2); PQN's recurrent learner re-runs whole columns without it"),
+    ("pqn", "burn_in_steps"): ("burn-in is built into PPO's recurrent loss only; PQN's recurrent learner re-runs "
+                               "whole columns without it"),
 }
 """Network and loss options that some algorithms take and others do not, with the reason for the
 others (``(algo, field) -> reason``); ``tianji train`` repeats it for such a flag."""
