@@ -178,12 +178,13 @@ def plot(curve_rows: list[dict], out: Path) -> None:
                 continue
             pts = [(r["env_steps"], r["eval_return"]) for r in curve_rows
                    if (r["task"], r["variant"], int(r["seed"])) == (t, variant, seed)]
-            ax.plot(*zip(*pts), color=colors[variant], alpha=0.7, label=None if variant in labelled else variant)
+            ax.plot(*zip(*pts), color=colors[variant], alpha=0.7, marker="o", markersize=3,  # 1-row runs show too
+                    label=None if variant in labelled else variant)
             labelled.add(variant)
         ax.axhline(SETTINGS[task][1], color="k", ls="--", lw=0.8)
         ax.set_title(task)
         ax.set_xlabel("env steps")
-        ax.set_ylabel("eval return (mean over the evaluation's episodes)")
+        ax.set_ylabel("eval return (mean)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=100)
