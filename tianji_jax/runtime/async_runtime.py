@@ -460,6 +460,14 @@ class AsyncRunner:
         and wait until this process's learner threads have."""
         self.stop_request.set()
         deadline = time.monotonic() + self.stall_timeout_s + 30.0
-        for t in self._threads:
-            if "learner" in t.name:
-                t.join(max(0.0, deadline - time.monotonic()))
+        for t in self._threads[len(self.actors):]:  # the learner threads (after the actors', see run)
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def stop_agreed(self, by_peer: bool) -> None:
+        """Multi-host: the processes agreed to stop after the update just published (called by the
+        learner thread from :func:`~tianji_jax.runtime.distributed.make_lockstep`); ``by_peer``:
+        this process did not ask, so :meth:`run` raises :class:`PeerStoppedError`."""
+        if by_peer:
+            self.stopped_by_peer = self.start_version + sum(self.updates_done)
+        self.stop.set()
+        self._wake()

@@ -281,10 +281,7 @@ def make_lockstep(runner: Any, mesh: Any, local_devices: list, watchdog: "Watchd
             snap = total({**local(), "stop_requests": int(asked)})
         first[0] = False
         if snap.pop("stop_requests") > 0:
-            if not asked:
-                runner.stopped_by_peer = runner.start_version + sum(runner.updates_done)
-            runner.stop.set()
-            runner._wake()
+            runner.stop_agreed(by_peer=not asked)
         return snap
 
     runner.take_snapshot = snapshot
