@@ -143,7 +143,7 @@ BAD_VALUES = [
     ("env_batch_size", 2, ValueError, r"env_batch_size=2: only the envpool backend"),
     ("env_batch_size", 0, ValueError, "env_batch_size"),
     ("num_learner_devices", 0, ValueError, "num_learner_devices"),
-    ("num_learner_devices", 2, ValueError, r"num_learner_devices=2 needs runtime='async'"),
+    ("num_learner_devices", 3, ValueError, r"num_learner_devices=3 must divide num_envs=4"),
     ("num_learner_groups", 0, ValueError, "num_learner_groups"),
     ("num_learner_groups", 2, ValueError, r"num_learner_groups=2 needs runtime='async'"),
     ("sync_every", 0, ValueError, "sync_every"),

@@ -55,7 +55,8 @@ def test_batch_is_split_across_learner_devices_and_replicas_stay_bitwise_identic
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_learner_devices=3), "num_learner_devices=3 must divide num_envs=4"),
-    (dict(num_learner_devices=2, runtime="anakin"), "num_learner_devices=2 needs runtime='async'"),
+    (dict(num_learner_devices=2, num_learner_groups=2, num_actors=2), "num_learner_groups=2 is not supported with "
+                                                                          "num_learner_devices=2"),
     (dict(num_learner_devices=0), "num_learner_devices"),
     (dict(num_learner_devices=2, num_minibatches=64), "num_minibatches=64"),
 ])

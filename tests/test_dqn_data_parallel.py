@@ -81,7 +81,6 @@ def test_replicas_stay_identical_and_each_shard_keeps_its_own_items(prioritized)
     (dict(num_envs=6), r"num_learner_devices=4 must divide num_envs, batch_size and buffer_capacity .* num_envs=6"),
     (dict(batch_size=18), r"batch_size=18"),
     (dict(buffer_capacity=510), r"buffer_capacity=510"),
-    (dict(runtime="anakin"), r"num_learner_devices=4 needs runtime='async'"),
 ])
 def test_bad_sharding_is_named_before_anything_runs(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -4,7 +4,8 @@ cells tianji_jax supports, and for every other cell the reason, which the config
 Dimensions of a cell (:class:`Cell`):
 
 * ``algo``: ``"ppo"``, ``"pqn"`` (on-policy data path), ``"dqn"`` or ``"sac"`` (replay data path);
-* ``runtime``: ``"anakin"`` (act, env step and learn fused in one compiled program on one device)
+* ``runtime``: ``"anakin"`` (act, env step and learn fused in one compiled program on one device,
+  or data-parallel over ``num_learner_devices`` devices of one process)
   or ``"async"`` (the TianJi runtime: actors and learners run concurrently);
 * ``actors``: ``"threads"`` (actor threads in the learner's process) or ``"ray"`` (remote actor
   processes on Ray Core); Anakin has no separate actors and is listed under ``"threads"``;
@@ -79,9 +80,10 @@ RULES: tuple[_Rule, ...] = (
     _Rule(lambda c: c.runtime == "anakin" and c.actors == "ray", "actor_backend",
           "Anakin has no separate actors (acting is fused with learning)",
           "actor_backend='ray' needs runtime='async' (Anakin has no separate actors: acting is fused with learning)"),
-    _Rule(lambda c: c.runtime == "anakin" and c.layout != "single", "layout",
-          "Anakin runs on one device in one process",
-          "{field}={value} needs runtime='async' (Anakin runs on one device in one process); got runtime='anakin'"),
+    _Rule(lambda c: c.runtime == "anakin" and c.layout not in ("single", "data_parallel"), "layout",
+          "Anakin runs one learner in one process (data-parallel over that process's devices)",
+          "{field}={value} needs runtime='async' (Anakin runs one learner in one process, data-parallel over "
+          "num_learner_devices of its devices); got runtime='anakin'"),
     # not built yet
     _Rule(lambda c: c.actors == "ray" and c.layout == "multi_host", "actor_backend",
           "Ray actors feed one learner process; several learner processes with Ray actors are not built yet",

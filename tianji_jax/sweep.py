@@ -119,6 +119,9 @@ def _check(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int])
     allowed = traced_hyperparameters(config)
     if getattr(config, "runtime", "anakin") != "anakin":
         raise ValueError(f"sweep runs the Anakin runtime only; got runtime={config.runtime!r}. Allowed: runtime='anakin'")
+    if getattr(config, "num_learner_devices", 1) > 1:  # the vmapped program is built on one device
+        raise ValueError(f"num_learner_devices={config.num_learner_devices}: sweep vmaps its members on one device; "
+                         "allowed: num_learner_devices=1 (tj.train runs one config data-parallel)")
     if getattr(config, "recurrent", "none") != "none":
         # Seen with jaxlib 0.10.2 on CPU, 1 or 2 devices, with or without the compilation cache or
         # async dispatch: the vmapped recurrent chunk (64-unit LSTM; a 16-unit one ran) waits forever
@@ -180,7 +183,7 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] =
     Raises:
         ValueError: a runtime other than Anakin, a field that is not the config's or cannot be
             traced (the message lists the allowed ones), ``seed`` in the grid, an empty or scalar
-            value list, a recurrent policy (its vmapped program stalls in XLA's CPU runtime), or a
+            value list, ``num_learner_devices > 1``, a recurrent policy (its vmapped program stalls in XLA's CPU runtime), or a
             value or seed the config refuses (its one-line message).
         TypeError: ``grid`` is not a dict, or ``config`` is not a registered algorithm's.
 

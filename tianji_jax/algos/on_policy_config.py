@@ -133,9 +133,11 @@ class OnPolicyConfig(_AgentConfig):
     """envpool only: envs per received batch; below ``num_envs`` envpool runs in async mode (the
     actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
     num_learner_devices: int = layout(1)
-    """Async: data-parallel learner replicas (the last ``num_learner_devices`` devices; the actors
-    keep the first). Each replica gets ``num_envs / num_learner_devices`` env columns of every
-    trajectory; gradients are averaged, advantage statistics are global."""
+    """Data-parallel learner replicas L. Async: the last L devices (the actors keep the first);
+    each replica gets ``num_envs / L`` env columns of every trajectory; gradients are averaged,
+    advantage statistics are global. Anakin: the first L devices; the run's envs are sharded over
+    them (each device steps ``num_envs / L`` envs) and the same data-parallel update runs, so an
+    Anakin run computes what the async ``sync`` schedule with L learner devices computes."""
     num_learner_groups: int = layout(1)
     """Async: independent learner groups G (TianJi's parallel learners). Each group is one learner
     device with its own optimizer state, policy version and lag-bounded queue, fed by
@@ -343,6 +345,10 @@ class OnPolicyConfig(_AgentConfig):
                  f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
                 + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                    if self.actor_backend == "ray" else "")
+                + (f"; {self.num_learner_devices} data-parallel learners, each taking "
+                   f"{self.num_envs // self.num_learner_devices} env columns"
+                   + (" (and stepping them: the envs sharded over the devices)" if self.runtime == "anakin" else "")
+                   if self.num_learner_devices > 1 else "")
                 + (f"; {self.num_learner_groups} learner groups of {self.updates_per_group} updates each, params "
                    f"averaged every {self.sync_every} updates" if self.num_learner_groups > 1 else "")
                 + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "

@@ -137,7 +137,8 @@ class ReplayConfig(_AgentConfig):
     """actor_backend='ray': times Ray restarts each dead actor (its lost chunk is counted in
     ``lost_chunks``); one more death stops the run with an error."""
     num_learner_devices: int = layout(1)
-    """Async: data-parallel learner replicas L (the last L devices; the actors keep the first). The
+    """Data-parallel learner replicas L (async: the last L devices, the actors keep the first;
+    Anakin: the first L devices, each stepping num_envs / L of the run's envs). The
     replay is sharded by env over them (each holds buffer_capacity / L transitions of num_envs / L
     env columns of every actor, with its own priorities); every gradient update each replica
     samples batch_size / L items from its shard and the gradients are averaged. L must divide

@@ -13,7 +13,9 @@ one device (Hessel et al. 2021, "Podracer architectures for scalable RL", the An
 
 Both have ``init(key)`` building a train state and a call running a compiled chunk
 ``state -> (state, metrics)`` with every metric shaped ``(U,)``. Both are pure, so ``jax.vmap``
-over seeds works on them.
+over seeds works on them. With ``num_learner_devices = L > 1`` one run's envs are sharded over
+``L`` devices and its gradients averaged over them (:mod:`~tianji_jax.runtime.data_parallel`):
+the program computes what the async ``sync`` schedule with ``L`` learner devices computes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.algos.registry import agent_class_for, algorithm_for
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.config_base import not_compiled
+from tianji_jax.runtime import data_parallel
 
 __all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "ReplayTrainState", "ReplayAnakin",
            "DQNTrainState", "DQNAnakin", "make_train", "make_dqn_train", "compile_key", "shared_train", "make_agent",
@@ -114,19 +117,31 @@ class OnPolicyAnakin:
             ``policy_lag_mean`` / ``policy_lag_max`` (always 0 here), ``nonfinite_skips`` and the
             agent's loss metrics (PPO: those of :func:`~tianji_jax.algos.ppo.ppo_loss` plus
             ``grad_norm``).
+        devices: the ``L`` devices of a data-parallel run, or None (one device). With ``L > 1``
+            the actor state is sharded by env column, the learner state replicated, every
+            update's gradients averaged over the devices; ``chunk`` then places its input state
+            first (it is a function around the jitted program, not ``jax.vmap``-able).
 
     Raises:
         ValueError: ``updates_per_chunk`` is not an int ``>= 1``.
     """
 
-    def __init__(self, agent: OnPolicyAgent, updates_per_chunk: int):
+    def __init__(self, agent: OnPolicyAgent, updates_per_chunk: int, devices: list | None = None):
         if isinstance(updates_per_chunk, bool) or not isinstance(updates_per_chunk, int) or updates_per_chunk < 1:
             raise ValueError(f"updates_per_chunk must be an int >= 1, got {updates_per_chunk!r}")
         self.agent = agent
         self.config = agent.config
         self.updates_per_chunk = updates_per_chunk
-        self.init = jax.jit(self._init)
-        self.chunk = jax.jit(self._chunk)
+        self.devices = list(devices) if devices is not None and len(devices) > 1 else None
+        self._learn = agent.learn
+        if self.devices is None:
+            self.init = jax.jit(self._init)
+            self.chunk = jax.jit(self._chunk)
+            return
+        mesh = data_parallel.make_mesh(self.devices)
+        self._learn = data_parallel.on_policy_learn(agent, mesh)
+        self.sharding = OnPolicyTrainState(_actor_shardings(self.config, mesh), _replicated(mesh))
+        self.init, self.chunk = _placed(self._init, self._chunk, self.sharding, _replicated(mesh), donate=False)
 
     def __call__(self, state: OnPolicyTrainState) -> tuple[OnPolicyTrainState, dict[str, jax.Array]]:
         """Run one compiled chunk of ``U`` updates (same as ``self.chunk``)."""
@@ -139,8 +154,8 @@ class OnPolicyAnakin:
     def _update(self, state: OnPolicyTrainState, _):
         # act: T steps of the N envs with the newest params
         actor, traj = self.agent.rollout(state.learner.params, state.learner.version, state.actor)
-        # learn: one update on that trajectory (version + 1)
-        learner, metrics = self.agent.learn(state.learner, traj)
+        # learn: one update on that trajectory (version + 1; data-parallel: gradients averaged)
+        learner, metrics = self._learn(state.learner, traj)
         return OnPolicyTrainState(actor, learner), metrics
 
     def _chunk(self, state: OnPolicyTrainState, active: jax.Array | None = None):
@@ -217,20 +232,40 @@ class ReplayAnakin:
             ``replay_size`` (int32), and the learner's metrics (``grad_norm``,
             ``policy_lag_mean``, ``policy_lag_max``, ``nonfinite_skips`` and the agent's
             ``ROW_METRICS``; 0 where it did not learn).
+        devices: the ``L`` devices of a data-parallel run, or None (one device). With ``L > 1``
+            the replay is ``L`` shards of ``buffer_capacity / L`` stacked on a leading axis
+            (:mod:`~tianji_jax.runtime.replay_sharded`: each device inserts its own env columns'
+            transitions and samples ``batch_size / L`` from its shard), the actor state sharded by
+            env column, the learner replicated; ``chunk`` places its input state first.
 
     Raises:
         ValueError: ``iterations_per_chunk`` is not an int ``>= 1``.
     """
 
-    def __init__(self, agent: ReplayAgent, iterations_per_chunk: int):
+    def __init__(self, agent: ReplayAgent, iterations_per_chunk: int, devices: list | None = None):
+        from tianji_jax.runtime import replay_sharded
+
         if (isinstance(iterations_per_chunk, bool) or not isinstance(iterations_per_chunk, int)
                 or iterations_per_chunk < 1):
             raise ValueError(f"iterations_per_chunk must be an int >= 1, got {iterations_per_chunk!r}")
         self.agent = agent
         self.config = agent.config
         self.iterations_per_chunk = iterations_per_chunk
-        self.init = jax.jit(self._init)
-        self.chunk = jax.jit(self._chunk, donate_argnums=0)
+        self.devices = list(devices) if devices is not None and len(devices) > 1 else None
+        self._init_replay, self._insert, self._learn = agent.init_replay, agent.insert, agent.learn
+        self._replay_size = agent.replay_size
+        if self.devices is None:
+            self.init = jax.jit(self._init)
+            self.chunk = jax.jit(self._chunk, donate_argnums=0)
+            return
+        mesh, num = data_parallel.make_mesh(self.devices), len(self.devices)
+        insert, self._learn = replay_sharded.block_fns(agent, mesh)
+        self._init_replay = lambda: replay_sharded.init_sharded_replay(agent, num)
+        self._insert = lambda rs, *data: insert(rs, *replay_sharded.split_by_env(data, self.config.num_envs, num))
+        self._replay_size = lambda rs: jnp.sum(agent.replay_size(rs))
+        self.sharding = ReplayTrainState(_actor_shardings(self.config, mesh), _replicated(mesh),
+                                         data_parallel.shardings(mesh, jax.sharding.PartitionSpec("data")))
+        self.init, self.chunk = _placed(self._init, self._chunk, self.sharding, _replicated(mesh), donate=True)
 
     def __call__(self, state: ReplayTrainState) -> tuple[ReplayTrainState, dict[str, jax.Array]]:
         """Run one compiled chunk of ``U`` iterations (same as ``self.chunk``; donates ``state``)."""
@@ -239,19 +274,19 @@ class ReplayAnakin:
     def _init(self, key: jax.Array) -> ReplayTrainState:
         agent = self.agent
         k_actor, k_learner = agent.split_init_key(key)
-        return ReplayTrainState(agent.init_actor(k_actor), agent.init_learner(k_learner), agent.init_replay())
+        return ReplayTrainState(agent.init_actor(k_actor), agent.init_learner(k_learner), self._init_replay())
 
     def _iteration(self, state: ReplayTrainState, _):
         agent, cfg, learner = self.agent, self.config, state.learner
         # act: T steps of the N envs with the newest params, n-step transitions
         actor, items, item_version, mask, stats = agent.rollout(learner.params, learner.version, state.actor)
         # insert them into replay, stamped with the acting version
-        rs = agent.insert(state.replay, items, item_version, mask)
+        rs = self._insert(state.replay, items, item_version, mask)
         # learn: a block of updates_per_step gradient updates once learning started (version + 1)
         learn_now = actor.env_steps > cfg.learning_starts
-        shapes = jax.eval_shape(agent.learn, learner, rs, actor.env_steps)[2]
+        shapes = jax.eval_shape(self._learn, learner, rs, actor.env_steps)[2]
         learner, rs, learn_metrics = jax.lax.cond(
-            learn_now, lambda op: agent.learn(op[0], op[1], actor.env_steps),
+            learn_now, lambda op: self._learn(op[0], op[1], actor.env_steps),
             lambda op: (*op, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)), (learner, rs))
         metrics = {
             **stats,
@@ -260,7 +295,7 @@ class ReplayAnakin:
             "env_steps": actor.env_steps,
             "learned": learn_now,
             "gradient_steps": jnp.where(learn_now, cfg.updates_per_step, 0).astype(jnp.int32),
-            "replay_size": agent.replay_size(rs),
+            "replay_size": self._replay_size(rs),
         }
         return ReplayTrainState(actor, learner, rs), metrics
 
@@ -270,6 +305,37 @@ class ReplayAnakin:
 
 DQNAnakin = ReplayAnakin
 """The name DQN's Anakin trainer had (kept for the public API)."""
+
+def _replicated(mesh: Any) -> Any:
+    return data_parallel.shardings(mesh, jax.sharding.PartitionSpec())
+
+
+def _actor_shardings(config: Any, mesh: Any) -> Any:
+    """The actor state's shardings: env axis over the mesh (found by shape), the rest replicated."""
+    from tianji_jax.algos.registry import agent_class_for
+
+    num = mesh.devices.size
+    specs = data_parallel.actor_specs(config, lambda c: agent_class_for(c)(compile_key(c)), num)
+    return data_parallel.shardings(mesh, specs)
+
+
+def _placed(init: Any, chunk: Any, sharding: Any, replicated: Any, donate: bool) -> tuple[Any, Any]:
+    """``(init, chunk)`` of a data-parallel Anakin run: the chunk jitted with the train state's
+    shardings, first moving its input state onto them (a no-op for a state the program returned,
+    one transfer for a restored one). ``init`` runs on the first device and then places its
+    state: the same program replicated over two CPU devices was seen to stall forever in XLA's
+    CPU runtime (SAC's learner init; no collective in it, no CPU used)."""
+    first = jax.jit(init)
+    compiled = jax.jit(chunk, out_shardings=(sharding, replicated), donate_argnums=0 if donate else ())
+
+    def placed_init(key: Any) -> Any:
+        return jax.device_put(first(key), sharding)
+
+    def placed_chunk(state: Any, active: Any = None) -> tuple[Any, dict]:
+        return compiled(jax.device_put(state, sharding), active)
+
+    return placed_init, placed_chunk
+
 
 _CACHE: dict[tuple[Any, int], OnPolicyAnakin | ReplayAnakin] = register({})
 _CACHE_LOCK = threading.RLock()
@@ -363,10 +429,13 @@ def shared_train(config: Any, updates_per_chunk: int | None = None) -> OnPolicyA
     u = updates_per_chunk
     if u is None:
         u = config.updates_per_chunk if on_policy else config.iterations_per_chunk
-    key = (compile_key(config), u)
+    devices = None  # data-parallel Anakin: the run's envs sharded over the first L devices
+    if getattr(config, "runtime", "anakin") == "anakin" and getattr(config, "num_learner_devices", 1) > 1:
+        devices = data_parallel.mesh_devices(config.num_learner_devices)
+    key = (compile_key(config), u, None if devices is None else tuple(d.id for d in devices))
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = (OnPolicyAnakin if on_policy else ReplayAnakin)(make_agent(key[0]), u)
+            _CACHE[key] = (OnPolicyAnakin if on_policy else ReplayAnakin)(make_agent(key[0]), u, devices)
         return _CACHE[key]
 
 

@@ -22,9 +22,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tianji_jax.algos.on_policy import RECURRENT_TRAJECTORY_KEYS, TRAJECTORY_KEYS, LearnerState, OnPolicyAgent
+from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
+from tianji_jax.runtime import data_parallel
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
 from tianji_jax.runtime.host_actor import HostActor, host_policy
 from tianji_jax.runtime.host_normalize import SharedStatistics
@@ -78,12 +79,6 @@ def _distributed(config: OnPolicyConfig):
             "that jax.distributed job; call tianji_jax.runtime.distributed.initialize(coordinator, num_processes, "
             "process_id) before JAX starts (tianji train does it for --num-processes)")
     return dist
-
-
-def _traj_spec(key: str) -> P:
-    """Trajectory leaves are ``(T, N, ...)`` (``last_obs`` and a recurrent agent's ``hidden_init``
-    are ``(N, ...)``): shard the env axis N."""
-    return P("data") if key in ("last_obs", "hidden_init") else P(None, "data")
 
 
 class AsyncOnPolicy:
@@ -163,16 +158,7 @@ class AsyncOnPolicy:
         with _LOCK:
             if key not in _JIT_CACHE:
                 parts = make_agent(key[0])
-                if self.mesh is None:
-                    learn = jax.jit(parts.learn)
-                else:
-                    keys = TRAJECTORY_KEYS + (RECURRENT_TRAJECTORY_KEYS if parts.recurrent else ())
-                    specs = {k: _traj_spec(k) for k in keys}
-                    # check_vma=False: pmap semantics. With it on, the gradient w.r.t. replicated
-                    # params would already be summed over the axis, and the update's pmean would then
-                    # return the sum of the replicas' gradients instead of their mean.
-                    learn = jax.jit(jax.shard_map(partial(parts.learn, axis_name="data"), mesh=self.mesh,
-                                                  in_specs=(P(), specs), out_specs=(P(), P()), check_vma=False))
+                learn = jax.jit(parts.learn if self.mesh is None else data_parallel.on_policy_learn(parts, self.mesh))
                 _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, host_policy(parts), parts)
             self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
@@ -311,8 +297,9 @@ class AsyncOnPolicy:
         if self.mesh is None:
             return jax.device_put(traj, self.group_devices[group])
         if self.multi:  # this process's columns of the global trajectory (env axis num_processes * N wide)
-            return _distributed(self.config).to_global(traj, self.mesh, _traj_spec, self.config.num_processes)
-        return {k: jax.device_put(v, NamedSharding(self.mesh, _traj_spec(k))) for k, v in traj.items()}
+            return _distributed(self.config).to_global(traj, self.mesh, data_parallel.traj_spec,
+                                                       self.config.num_processes)
+        return {k: jax.device_put(v, NamedSharding(self.mesh, data_parallel.traj_spec(k))) for k, v in traj.items()}
 
     def close(self) -> None:
         """Close the host envs of host actors, kill remote Ray actors and shut down the Ray

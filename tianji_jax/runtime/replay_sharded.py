@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tianji_jax import replay
 
-__all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "make_multi_host_fns"]
+__all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "block_fns", "make_multi_host_fns"]
 
 
 def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False, total_shards: int | None = None
@@ -83,11 +83,28 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
     mesh = Mesh(list(devices), ("data",))
     shard = NamedSharding(mesh, P("data"))
     n_envs = parts.config.num_envs
-    local = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731 - a device's block of one shard
-    stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
 
     def place(items: Any, item_version: Any, mask: Any) -> tuple:
         return jax.device_put(split_by_env((items, item_version, mask), n_envs, num), shard)
+
+    insert, learn = block_fns(parts, mesh)
+    return mesh, place, jax.jit(insert, donate_argnums=0), jax.jit(learn, donate_argnums=1)
+
+
+def block_fns(parts: Any, mesh: Mesh) -> tuple[Callable, Callable]:
+    """``(insert, learn)`` of the layout above over ``mesh``, not jitted (data-parallel Anakin runs
+    them inside its program; :func:`make_sharded_fns` jits them):
+
+    * ``insert(replay_state, items, item_version, mask) -> replay_state``: every leaf ``(L, ...)``
+      sharded over ``"data"`` (items as :func:`split_by_env` lays them out); each device adds its
+      own items to its own shard;
+    * ``learn(learner, replay_state, env_steps) -> (learner, replay_state, metrics)``: one learner
+      block, replicas in lockstep; ``learner``, ``env_steps`` (int32 scalar) and ``metrics``
+      replicated.
+    """
+    num = mesh.devices.size
+    local = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731 - a device's block of one shard
+    stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
 
     def insert_shard(rs, items, item_version, mask):
         return stack(parts.insert(local(rs), local(items), local(item_version), local(mask)))
@@ -96,12 +113,11 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
         learner, rs, metrics = parts.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
         return learner, stack(rs), metrics
 
-    # check_vma=False: pmap semantics (see runtime/async_on_policy.py): learn averages the gradients itself
-    insert = jax.jit(jax.shard_map(insert_shard, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P("data"),
-                                   check_vma=False), donate_argnums=0)
-    learn = jax.jit(jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()),
-                                  out_specs=(P(), P("data"), P()), check_vma=False), donate_argnums=1)
-    return mesh, place, insert, learn
+    # check_vma=False: pmap semantics (runtime/data_parallel.py): learn averages the gradients itself
+    insert = jax.shard_map(insert_shard, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P("data"), check_vma=False)
+    learn = jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=(P(), P("data"), P()),
+                          check_vma=False)
+    return insert, learn
 
 
 def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
