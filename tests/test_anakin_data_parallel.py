@@ -101,3 +101,28 @@ def test_sweeps_refuse_data_parallel_configs():
     with pytest.raises(ValueError, match=r"num_learner_devices=2: sweep vmaps its members on one device; "
                                          r"allowed: num_learner_devices=1"):
         tj.sweep(tj.PPOConfig(**ON_POLICY, num_learner_devices=2), {"learning_rate": [1e-3, 3e-4]})
+
+
+def test_per_device_env_count_need_not_satisfy_the_run_config_rules():
+    """The replay ratio must give whole updates per iteration for the run's num_envs (8 x 1 x
+    0.125 = 1), not per device (4 x 0.125 = 0.5): the sharding probe is not a second config."""
+    config = tj.DQNConfig(**{**REPLAY, "num_envs": 8, "replay_ratio": 0.125, "total_env_steps": 256},
+                          num_learner_devices=2)
+    result = tj.train(config, progress=False)
+    assert int(result.state.actor.env_steps) == 256
+
+
+def test_a_run_trained_on_two_devices_loads_and_evaluates_on_one(tmp_path):
+    import subprocess
+    import sys
+
+    tj.train(CONFIGS["ppo"]().replace(num_learner_devices=2), run_dir=tmp_path / "run", progress=False)
+    script = ("import jax; jax.config.update('jax_num_cpu_devices', 1); import tianji_jax as tj; "
+              f"r = tj.load({str(tmp_path / 'run')!r}); assert len(jax.devices()) == 1; "
+              "print('returns', tj.evaluate(r.config, r.state, num_episodes=2, seed=1)['returns'].shape)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "returns (2,)" in proc.stdout, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "tianji_jax.cli", "eval", str(tmp_path / "run"), "--episodes", "2"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -21,7 +21,7 @@ from tianji_jax.evaluation import EvalResult, make_evaluate, make_recurrent_eval
 from tianji_jax.profiling import timed
 from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
-from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics,
+from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics, one_device,
                                        shared_train as make_train)
 
 __all__ = ["on_policy_evaluator", "train_on_policy", "on_policy_row", "run_async_on_policy"]
@@ -55,7 +55,7 @@ def evaluate_on_policy(config: OnPolicyConfig, state: OnPolicyTrainState, num_ep
     """:func:`~tianji_jax.training.evaluate` for an on-policy train state: ``num_episodes`` episodes of
     the deterministic policy (argmax / mean action) with the state's observation statistics frozen,
     the evaluation envs' key from ``seed`` (arguments checked by the caller)."""
-    fn = on_policy_evaluator(config, make_train(config), num_episodes)
+    fn = on_policy_evaluator(config, make_train(one_device(config)), num_episodes)  # evaluation: one device
     returns, lengths = jax.device_get(fn(state.params, state.obs_rms, jax.random.PRNGKey(seed)))
     return EvalResult(returns=np.asarray(returns, np.float64), lengths=np.asarray(lengths, np.int64))
 
@@ -69,6 +69,10 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
 
         # device errors before the run dir exists
         placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
+    elif config.runtime == "anakin" and config.num_learner_devices > 1:
+        from tianji_jax.runtime.data_parallel import mesh_devices
+
+        mesh_devices(config.num_learner_devices)
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run (the
         progress = False  # others only their parts of its checkpoints, into its directory: RunFiles)
     start = time.perf_counter()

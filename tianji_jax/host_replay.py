@@ -31,9 +31,9 @@ def replay_evaluator(config: Any, num_episodes: int):
     ``obs_rms`` unused, as in PPO's signature) on ``num_episodes`` separate envs (a separate host
     env for envpool/gymnasium)."""
     from tianji_jax.evaluation import make_policy_evaluate
-    from tianji_jax.runtime.anakin import compile_key, shared_train
+    from tianji_jax.runtime.anakin import compile_key, one_device, shared_train
 
-    trainer = shared_train(config)
+    trainer = shared_train(one_device(config))  # only its agent: evaluation runs on one device
     if config.env_spec.on_host:
         from tianji_jax.runtime.host_actor import make_host_evaluate
 
@@ -106,6 +106,10 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
 
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
         progress = False
+    if config.runtime == "anakin" and config.num_learner_devices > 1:  # device errors before the run dir exists
+        from tianji_jax.runtime.data_parallel import mesh_devices
+
+        mesh_devices(config.num_learner_devices)
     start = time.perf_counter()
     n_iter, chunk_u = config.num_iterations, config.iterations_per_chunk
     trainer = shared_train(config)

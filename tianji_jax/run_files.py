@@ -20,7 +20,7 @@ from tianji_jax.profiling import phase
 from tianji_jax.provenance import provenance
 from tianji_jax.results import METRIC_COLUMNS, TrainResult
 from tianji_jax.run_status import check_new_run_dir
-from tianji_jax.runtime.anakin import PPOTrainState, shared_train as make_train
+from tianji_jax.runtime.anakin import PPOTrainState, one_device, shared_train as make_train
 
 __all__ = ["RunFiles", "state_template", "stack_actors", "unstack_actors"]
 
@@ -360,7 +360,7 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
 
         from tianji_jax.runtime.replay_sharded import init_sharded_replay
 
-        trainer = make_train(config)
+        trainer = make_train(one_device(config))  # the shapes; a data-parallel run's load on one device
         agent = trainer.agent
         shards, procs = config.num_learner_devices, getattr(config, "num_processes", 1)
         groups = config.num_learner_groups  # a checkpoint of a group run holds one group's replay
@@ -375,7 +375,7 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
         if shards > 1 or groups > 1 or procs > 1:
             state = state.replace(replay=jax.eval_shape(init_replay))
     else:
-        trainer = make_train(config)
+        trainer = make_train(one_device(config))  # the shapes; a data-parallel run's load on one device
         if not has_actor or config.env_spec.on_host:
             agent = trainer.agent
             learner = jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key)

@@ -39,7 +39,7 @@ from tianji_jax.runtime import data_parallel
 
 __all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "ReplayTrainState", "ReplayAnakin",
            "DQNTrainState", "DQNAnakin", "make_train", "make_dqn_train", "compile_key", "shared_train", "make_agent",
-           "host_metrics"]
+           "one_device", "host_metrics"]
 
 
 def _scan(step: Any, state: Any, length: int, active: jax.Array | None) -> tuple[Any, dict[str, jax.Array]]:
@@ -315,7 +315,7 @@ def _actor_shardings(config: Any, mesh: Any) -> Any:
     from tianji_jax.algos.registry import agent_class_for
 
     num = mesh.devices.size
-    specs = data_parallel.actor_specs(config, lambda c: agent_class_for(c)(compile_key(c)), num)
+    specs = data_parallel.actor_specs(config, lambda c: agent_class_for(c)(c), num)
     return data_parallel.shardings(mesh, specs)
 
 
@@ -437,6 +437,15 @@ def shared_train(config: Any, updates_per_chunk: int | None = None) -> OnPolicyA
         if key not in _CACHE:
             _CACHE[key] = (OnPolicyAnakin if on_policy else ReplayAnakin)(make_agent(key[0]), u, devices)
         return _CACHE[key]
+
+
+def one_device(config: Any) -> Any:
+    """``config`` as loading, templating or evaluating its run needs it: a data-parallel Anakin
+    run (``num_learner_devices > 1``) changes where it trains, not its state's shapes or its
+    policy, so those need one device (a run trained on 4 devices loads and evaluates on 1)."""
+    if getattr(config, "runtime", "anakin") == "anakin" and getattr(config, "num_learner_devices", 1) > 1:
+        return config.replace(num_learner_devices=1)
+    return config
 
 
 _AGENTS: dict[Any, OnPolicyAgent | ReplayAgent] = register({})

@@ -18,6 +18,7 @@ with one actor and ``L`` learner devices computes.
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Any, Callable
 
@@ -76,11 +77,13 @@ def actor_specs(config: Any, agent_for: Callable[[Any], Any], num_shards: int) -
     Found by shape, not by name: the actor state of a config with ``num_envs / num_shards`` envs
     (an abstract ``init_actor``; no compilation) differs from the full one only along each
     leaf's env axis, which is sharded; every other leaf (keys, statistics, counters) is
-    replicated.
+    replicated. That probe config is a copy of ``config`` with ``num_envs`` set and not validated
+    again (its per-device env count need not satisfy rules such as a whole number of replay
+    updates per iteration, which hold for the run's config).
 
     Args:
         config: a validated config (``num_shards`` divides its ``num_envs``).
-        agent_for: ``config -> agent`` (e.g. :func:`~tianji_jax.runtime.anakin.make_agent`).
+        agent_for: ``config -> agent``, building the agent of exactly the config it is given.
         num_shards: ``L``, dividing ``config.num_envs``.
 
     Returns:
@@ -92,8 +95,9 @@ def actor_specs(config: Any, agent_for: Callable[[Any], Any], num_shards: int) -
     """
     key = jax.random.PRNGKey(0)
     full = jax.eval_shape(agent_for(config).init_actor, key)
-    part = jax.eval_shape(agent_for(config.replace(num_envs=config.num_envs // num_shards,
-                                                   num_learner_devices=1)).init_actor, key)
+    probe = copy.copy(config)
+    object.__setattr__(probe, "num_envs", config.num_envs // num_shards)
+    part = jax.eval_shape(agent_for(probe).init_actor, key)
 
     def spec(path, a, b):
         axes = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
