@@ -114,6 +114,12 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
           # 'sync' reproduces Anakin (one actor, lag 0): on CartPole only, the LunarLander time went to 'relaxed'
           System("tianji_jax DQN sync", "dqn", "tianji_runner.py", mode="sync", envs=("CartPole-v1",)),
           System("tianji_jax DQN relaxed", "dqn", "tianji_runner.py", mode="relaxed"),
+          # DQNConfig()'s defaults with 8 env steps per env per iteration (actor chunk) instead of 1, in
+          # Anakin and async relaxed: the async runtime's per-chunk costs at the same value in both
+          System("tianji_jax DQN anakin steps8", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="steps8"),
+          System("tianji_jax DQN relaxed steps8", "dqn", "tianji_runner.py", mode="relaxed", envs=("CartPole-v1",),
+                 hp="steps8"),
           # the same runtime with SB3's tuned CartPole PPO hyper-parameters: runtime against runtime
           System("tianji_jax PPO anakin sb3-hp", "ppo", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
                  hp="sb3"),
@@ -864,7 +870,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 0..seeds-1); e.g. to run seeds in concurrent invocations on one --out")
     parser.add_argument("--envs", default="CartPole-v1,LunarLander,Pendulum-v1", help="comma-separated rows, in order")
     parser.add_argument("--systems", default="", help="comma-separated substrings; run only the systems whose "
-                        "name contains one (default: all); the outputs still cover every system's records")
+                        "name contains one, or whose name is one given as =NAME (default: all); the outputs still "
+                        "cover every system's records")
     parser.add_argument("--cartpole-cap-s", type=float, default=300.0, help="wall cap per CartPole run")
     parser.add_argument("--lunarlander-cap-s", type=float, default=900.0, help="wall cap per LunarLander run")
     parser.add_argument("--pendulum-cap-s", type=float, default=300.0, help="wall cap per Pendulum run")
@@ -901,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     reported = systems  # the outputs cover these (and the rows of --envs), whatever --systems runs
     if args.systems:
         keep = [k for k in args.systems.split(",") if k]
-        systems = [s for s in systems if any(k in s.name for k in keep)]
+        systems = [s for s in systems if any(s.name == k[1:] if k.startswith("=") else k in s.name for k in keep)]
         if not systems:
             parser.error(f"--systems {args.systems!r} matches none of {[s.name for s in TIANJI + PEERS]}")
     seeds = [int(k) for k in args.seed_list.split(",") if k] or list(range(args.seeds))

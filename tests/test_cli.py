@@ -87,8 +87,11 @@ def test_bad_config_exits_2_naming_field(args, field, capsys, no_training):
     (["--algo", "pqn", "--recurrent", "gru", "--burn-in-steps", "4"], "--burn-in-steps is not an option of --algo "
                                                                       "pqn (it is one of ppo): burn-in is built"),
     (["--recurrent", "lstm", "--burn-in-steps", "1.5"], "tianji train: error: --burn-in-steps: '1.5' is not an "
-                                                        "integer\n"),
-    (["--rnn-hidden-size=abc"], "tianji train: error: --rnn-hidden-size: 'abc' is not an integer\n"),
+                                                        "integer; allowed: whole numbers such as 2 (or 2.0)\n"),
+    (["--rnn-hidden-size=abc"], "tianji train: error: --rnn-hidden-size: 'abc' is not an integer; allowed: whole "
+                                "numbers such as 2 (or 2.0)\n"),
+    (["--num-learner-devices", "2.5"], "tianji train: error: --num-learner-devices: '2.5' is not an integer; "
+                                       "allowed: whole numbers such as 2 (or 2.0)\n"),
 ])
 def test_another_algorithms_option_or_a_non_integer_is_one_line(args, line, capsys, no_training):
     assert main(["train", *args]) == 2

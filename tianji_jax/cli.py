@@ -478,11 +478,16 @@ def console_main() -> None:
     at once, without the interpreter's teardown, which joins every non-daemon thread: a library's
     background thread interrupted mid-task (orbax finalising a checkpoint) can block it forever.
     Everything tianji writes is closed by then; an unfinished checkpoint is a temporary directory
-    that a resume skips."""
-    status = main()
-    if status == 130:
-        import os
+    that a resume skips. Output piped into a reader that stops early (``tianji train --help |
+    head``) ends quietly (Python's recipe: stdout pointed at devnull, status 1)."""
+    import os
 
+    try:
+        status = main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    if status == 130:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

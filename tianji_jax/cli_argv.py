@@ -132,7 +132,8 @@ def check_ints(argv: list[str], cls: type) -> None:
     ``--burn-in-steps 1.5`` is one line, not the parser's box.
 
     Raises:
-        ValueError: e.g. ``--burn-in-steps: '1.5' is not an integer``.
+        ValueError: e.g. ``--burn-in-steps: '1.5' is not an integer; allowed: whole numbers such as
+            2 (or 2.0)``.
     """
     if "-h" in argv or "--help" in argv:
         return
@@ -161,7 +162,8 @@ def check_ints(argv: list[str], cls: type) -> None:
         try:
             int(value)
         except ValueError:
-            raise ValueError(f"{canonical}: {value!r} is not an integer") from None
+            raise ValueError(f"{canonical}: {value!r} is not an integer; allowed: whole numbers such as 2 (or 2.0)"
+                             + (" or None" if optional else "")) from None
 
 
 def check_foreign_flags(argv: list[str], algo: str, cls: type) -> None:
