@@ -14,14 +14,11 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
+from resume_check import assert_same_leaves, full_and_resumed
 from tianji_jax.algos import registry
 
 SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, eval_episodes=2,
              total_env_steps=4 * 64, eval_every_env_steps=128, seed=0)
-
-
-class _Stop(Exception):
-    pass
 
 
 def test_registered_with_its_agent_and_generic_runtime():
@@ -74,16 +71,8 @@ def test_async_sync_equals_anakin_and_anakin_resumes_exactly(tmp_path):
     assert int(sync.state.update_count) == config.num_updates and sync.curve["policy_lag_max"].max() == 0
     np.testing.assert_array_equal(anakin.curve["td_loss"], sync.curve["td_loss"])
     # exact resume: interrupted after the first chunk, resumed, equal to the uninterrupted run
-    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
-
-    def stop_after_first(row):
-        raise _Stop
-
-    with pytest.raises(_Stop):
-        tj.train(config, run_dir=tmp_path / "cut", progress=False, callback=stop_after_first)
-    resumed = tj.train(config, run_dir=tmp_path / "cut", progress=False, resume=True)
-    for x, y in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    full, resumed = full_and_resumed(config, tmp_path)
+    assert_same_leaves(full.state, resumed.state)
     np.testing.assert_array_equal(full.curve["td_loss"], resumed.curve["td_loss"])
     assert np.all(np.isfinite(full.curve["td_loss"])) and np.all(np.isfinite(full.curve["epsilon"]))
     assert json.loads((tmp_path / "full" / "config.json").read_text())["algo"] == "pqn"

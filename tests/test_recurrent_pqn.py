@@ -95,19 +95,10 @@ def test_host_actors_and_exact_resume(tmp_path):
                     progress=False)
     assert host.curve["update"][-1] == 4 and np.all(host.curve["eval_return_mean"] > 0)
     config = PQNConfig(**SMALL)
-    full = tj.train(config, run_dir=tmp_path / "full", progress=False)
+    from resume_check import assert_same_leaves, full_and_resumed
 
-    class Stop(Exception):
-        pass
-
-    def stop(row):
-        raise Stop
-
-    with pytest.raises(Stop):
-        tj.train(config, run_dir=tmp_path / "run", progress=False, callback=stop)
-    resumed = tj.train(config, run_dir=tmp_path / "run", progress=False, resume=True)
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    full, resumed = full_and_resumed(config, tmp_path, cut="run")
+    assert_same_leaves(full.state, resumed.state)
 
 
 @pytest.mark.slow

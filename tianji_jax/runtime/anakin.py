@@ -306,14 +306,14 @@ class ReplayAnakin:
 DQNAnakin = ReplayAnakin
 """The name DQN's Anakin trainer had (kept for the public API)."""
 
+
 def _replicated(mesh: Any) -> Any:
+    """Every leaf replicated over ``mesh``."""
     return data_parallel.shardings(mesh, jax.sharding.PartitionSpec())
 
 
 def _actor_shardings(config: Any, mesh: Any) -> Any:
     """The actor state's shardings: env axis over the mesh (found by shape), the rest replicated."""
-    from tianji_jax.algos.registry import agent_class_for
-
     num = mesh.devices.size
     specs = data_parallel.actor_specs(config, lambda c: agent_class_for(c)(c), num)
     return data_parallel.shardings(mesh, specs)
