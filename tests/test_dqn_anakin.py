@@ -374,7 +374,7 @@ def test_cli_algo_dqn_help_and_errors(capsys):
     out = capsys.readouterr().out
     missing = [f.name for f in dataclasses.fields(tj.DQNConfig) if f"--{f.name.replace('_', '-')}" not in out]
     assert missing == []
-    assert main(["train", "--algo=dqn", "--replay-ratio", "0.15", "--progress", "False"]) == 2
+    assert main(["train", "--algo=dqn", "--replay-ratio", "0.1234", "--progress", "False"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tianji train: error: ") and "replay_ratio" in err
     assert _exit_code(["train", "--help"]) in (0, None)

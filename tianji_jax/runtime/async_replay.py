@@ -362,9 +362,9 @@ class AsyncReplay:
                 jax.block_until_ready(items)
             self._actor_states[i] = state
             group = i % self.config.num_learner_groups
-            with self.timers.span("h2d_s"):
-                data = jax.block_until_ready((*self._place(items, item_version, mask, group=group),
-                                              jax.device_put(stats, self.group_devices[group])))
+            with self.timers.span("h2d_s"):  # the episode statistics go to the host here, off the learner's thread
+                data = (*jax.block_until_ready(self._place(items, item_version, mask, group=group)),
+                        jax.device_get(stats))
             return (data, state), self.config.iteration_env_steps  # the state after it: a cut's actor half
         return act
 
@@ -391,26 +391,27 @@ class AsyncReplay:
             if self.explore_metric is not None:
                 self._actor_epsilon[chunk.actor_id] = float(host[self.explore_metric])
         self.epsilon = float(np.mean(self._actor_epsilon))
-        jax.block_until_ready(self.replay_states[group])
 
     def _learn_block(self, group: int, version: int):
         if self.multi:
             return self._learn_global(version)
         config = self.config
         with self.timers.span("update_s"):
-            env_steps = jnp.asarray(sum(b.inserted for b in self.runner.buffers), jnp.int32)
+            env_steps = np.int32(sum(b.inserted for b in self.runner.buffers))
             learner, self.replay_states[group], metrics = self._learn(self.learner_states[group],
                                                                       self.replay_states[group], env_steps)
+            size = jnp.sum(self.parts.replay_size(self.replay_states[group]))
             per_group = config.learning_iterations // config.num_learner_groups
             if self.averager is not None and is_sync_point(version + 1, config.sync_every, per_group):
                 mean = self.averager.average(group, (learner.params, learner.target_params), version + 1)
                 if mean is not None:  # None: the run is stopping
                     learner = learner.replace(params=mean[0], target_params=mean[1])
-            jax.block_until_ready(learner.params)
+            # one host sync per block: the metrics come out of the same computation as the params
+            metrics, size = jax.device_get((metrics, size))
+            jax.block_until_ready(learner.params)  # (averaged params: their own computation)
         self.learner_states[group] = learner
         explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
-        metrics = {**jax.device_get(metrics), **self.episode_stats[group], **explore,
-                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_states[group])))}
+        metrics = {**metrics, **self.episode_stats[group], **explore, "replay_size": int(size)}
         self._zero_stats(group)
         return learner.params, metrics
 
