@@ -133,6 +133,8 @@ BAD_VALUES = [
     ("num_actors", 0, ValueError, "num_actors"),
     ("queue_batches", 1, ValueError, "queue_batches"),
     ("stall_timeout_s", 0.0, ValueError, "stall_timeout_s"),
+    ("record_schedule", "yes", TypeError, "record_schedule"),
+    ("replay_schedule", "/nonexistent/schedule.jsonl", ValueError, "replay_schedule"),
     ("max_nonfinite_updates", 0, ValueError, "max_nonfinite_updates"),
     ("stall_timeout_s", NAN, ValueError, "stall_timeout_s"),
     # env

@@ -26,6 +26,7 @@ class TrajectoryItem:
         actor_id: which actor produced it.
         num_steps: env steps it holds (``T * N``), the limiter's item count.
         seq: insert counter (0, 1, ...).
+        rollout: the actor's rollout number in this run (0, 1, ...; -1 when not counted).
     """
 
     data: Any
@@ -33,6 +34,7 @@ class TrajectoryItem:
     actor_id: int
     num_steps: int
     seq: int = -1
+    rollout: int = -1
 
 
 class _Inbox:
@@ -180,6 +182,7 @@ class TrajectoryQueue(_Inbox):
         super().__init__(limiter, max_policy_lag)
         self.consumed = 0
         self._learning = False
+        self.drop_log: list[tuple[int, int, int]] | None = None  # a list: dropped (actor, rollout, version) go there
 
     def _taken(self) -> int:
         return self.consumed
@@ -198,6 +201,8 @@ class TrajectoryQueue(_Inbox):
             if learner_version - it.version > self.max_policy_lag:
                 self.dropped_stale += it.num_steps
                 self.limiter.record_drop(it.num_steps)
+                if self.drop_log is not None:
+                    self.drop_log.append((it.actor_id, it.rollout, it.version))
             else:
                 keep.append(it)
         if len(keep) != len(self._items):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
-           "markdown", "field_reason", "cell_of", "check"]
+           "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log"]
 
 ALGOS = ("ppo", "pqn", "dqn", "sac")
 DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay", "sac": "replay"}
@@ -110,6 +110,66 @@ FIELD_REASONS: dict[tuple[str, str], str] = {
 others (``(algo, field) -> reason``); ``tianji train`` repeats it for such a flag."""
 
 
+_NO_SCHEDULE_LOG = ("the replay data path samples replay in an order no schedule of rollouts fixes (the sampling "
+                    "keys follow the learner's blocks, which the rate limiter times); schedules: ppo, pqn")
+FIELD_REASONS.update({(a, f): _NO_SCHEDULE_LOG for a in ("dqn", "sac") for f in ("record_schedule", "replay_schedule")})
+
+SCHEDULE_LOG_RULES: tuple[tuple[Callable[[Cell, Any], bool], str], ...] = (
+    (lambda c, cfg: cfg.schedule != "relaxed",
+     "schedules 'sync' and 'one_step' are deterministic already (one actor, a fixed hand-off); a schedule "
+     "records what 'relaxed' leaves to thread timing"),
+    (lambda c, cfg: c.layout == "groups",
+     "learner groups average their params in the order the groups arrive, which a schedule of rollouts does not fix"),
+    (lambda c, cfg: c.layout == "multi_host",
+     "several processes' learners each consume their own actors' rollouts; recording them is not built"),
+    (lambda c, cfg: c.actors == "ray",
+     "Ray actor processes are not driven by the runner's actor threads, which replay the recorded versions"),
+    (lambda c, cfg: c.env == "envpool" and cfg.env_batch_size not in (None, cfg.num_envs),
+     "envpool's async mode (env_batch_size < num_envs) steps whichever envs finished first, a timing-dependent order"),
+    (lambda c, cfg: c.env != "gymnax" and (cfg.normalize_observations or cfg.scale_rewards),
+     "host actors' normalisation statistics are merged at each publication from what every actor had seen by "
+     "then, a timing-dependent amount"),
+)
+"""Where ``record_schedule`` / ``replay_schedule`` apply (async runtime, on-policy algorithms):
+``(when(cell, config), reason)``; the first that matches refuses the config."""
+
+
+def check_schedule_log(config: Any, env_backend: str) -> None:
+    """Refuse ``record_schedule`` / ``replay_schedule`` where a schedule cannot fix the run
+    (:data:`SCHEDULE_LOG_RULES`), both at once, or a ``replay_schedule`` file that is not a schedule
+    or was recorded with another actor count or rollout size; nothing to do when neither is set.
+
+    Raises:
+        ValueError: one line naming the field and the reason (or the file's problem).
+    """
+    record, replay = getattr(config, "record_schedule", False), getattr(config, "replay_schedule", None)
+    if not record and replay is None:
+        return
+    field = "record_schedule" if record else "replay_schedule"
+    if record and replay is not None:
+        raise ValueError(f"record_schedule=True and replay_schedule={replay!r}: choose one (a replayed run's "
+                         "schedule is the file it replays)")
+    cell = cell_of(config.ALGO, config, env_backend)
+    for when, why in SCHEDULE_LOG_RULES:
+        if when(cell, config):
+            raise ValueError(f"{field}={getattr(config, field)!r} is not supported here: {why}")
+    if replay is None:
+        return
+    if not isinstance(replay, str) or not replay:
+        raise ValueError(f"replay_schedule must be the path of a schedule.jsonl or None, got {replay!r}")
+    from tianji_jax.schedule_file import load_schedule
+
+    try:
+        schedule = load_schedule(replay)
+    except OSError as exc:
+        raise ValueError(f"replay_schedule={replay!r}: cannot read it ({exc.strerror or exc})") from None
+    for name, recorded, here in (("num_actors", schedule.num_actors, config.num_actors),
+                                 ("num_envs * num_steps", schedule.item_steps, config.batch_size)):
+        if recorded != here:
+            raise ValueError(f"replay_schedule={replay!r} was recorded with {name}={recorded}; this config has "
+                             f"{name}={here} (replay it with the config it was recorded with)")
+
+
 def field_reason(algo: str, field: str) -> str | None:
     """Why ``algo`` does not take the config field ``field`` that another algorithm takes, or None."""
     return FIELD_REASONS.get((algo, field))
@@ -156,6 +216,8 @@ def markdown() -> str:
         algos += [algo] if algo not in algos else []
     lines += [f"- {', '.join(f'`{f}`' for f in fields)}: not {', '.join(algos)}: {why}"
               for why, (fields, algos) in by_reason.items()]
+    lines += ["", "`record_schedule` / `replay_schedule` (async, on-policy) are refused where:", ""]
+    lines += [f"- {why}" for _, why in SCHEDULE_LOG_RULES]
     return "\n".join(lines) + "\n"
 
 

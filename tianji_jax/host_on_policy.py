@@ -21,6 +21,7 @@ from tianji_jax.evaluation import EvalResult, make_evaluate, make_recurrent_eval
 from tianji_jax.profiling import timed
 from tianji_jax.results import TrainResult
 from tianji_jax.run_files import RunFiles, stack_actors
+from tianji_jax.schedule_file import FILE_NAME as SCHEDULE_FILE, ScheduleRecorder
 from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics, one_device,
                                        shared_train as make_train)
 
@@ -155,6 +156,14 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
                 "learner_states": list(wired.learner_states), "cut": cut}
 
     runner.extra_snapshot = extra
+    if config.record_schedule:  # which rollout each update consumes, and what the gate drops
+        if files.run_dir is None:
+            wired.close()
+            raise ValueError("record_schedule=True writes RUN_DIR/schedule.jsonl; give train() a run_dir")
+        runner.recorder = ScheduleRecorder(files.run_dir / SCHEDULE_FILE, num_actors=config.num_actors,
+                                           item_steps=config.batch_size, max_policy_lag=config.policy_lag_bound,
+                                           start_version=runner.start_version)
+        runner.buffer.drop_log = []
 
     def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:
         # learner groups' metrics live on different devices: stack them on the host, in (group,
@@ -187,8 +196,12 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
                                   jax.device_get(saved) if wired.multi else saved, version * config.global_batch_size,
                                   meta)
 
-    stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
-                                  total=config.num_updates, make_row=make_row, close=wired.close)
+    try:
+        stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
+                                      total=config.num_updates, make_row=make_row, close=wired.close)
+    finally:
+        if runner.recorder is not None:
+            runner.recorder.close()
     # the threads have stopped; actor 0 as the final learner version consumed it (host actors that
     # normalise: the run's statistics as published with that version, as its checkpoint holds them)
     actor = (wired.consumed_actor_states[0] if wired.host_norm is None else

@@ -126,6 +126,14 @@ class OnPolicyConfig(_AgentConfig):
     stall_timeout_s: float = tianji(60.0)
     """Async: stop with an error when the learner gets no fresh data, or an actor no params, this long
     (seconds; 300 s more until the other side's first result, which includes its compilation)."""
+    record_schedule: bool = tianji(False)
+    """Async 'relaxed': write ``RUN_DIR/schedule.jsonl``, which rollout each learner update consumed
+    (actor, its rollout number, the policy version it acted with) and which the lag gate dropped,
+    so that ``replay_schedule`` can re-run the interleaving exactly (capabilities: where it applies)."""
+    replay_schedule: str | None = tianji(None)
+    """Async 'relaxed': a ``schedule.jsonl`` to re-run: actors act the recorded policy versions and
+    the learner consumes the recorded rollouts in order, so the same config gives bit-identical
+    params on the same machine; the run ends after the schedule's last update."""
     max_nonfinite_updates: int = run(5)
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
@@ -183,7 +191,7 @@ class OnPolicyConfig(_AgentConfig):
         _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
         _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
-        for name in ("anneal_lr", "normalize_observations", "scale_rewards"):
+        for name in ("anneal_lr", "normalize_observations", "scale_rewards", "record_schedule"):
             _check_bool(name, getattr(self, name))
         _check_shared(self)
         if self.runtime not in ("anakin", "async"):
@@ -240,6 +248,7 @@ class OnPolicyConfig(_AgentConfig):
         _check_ray(self, spec)
         _check_learner_groups(self)
         _check_async_only(self, fields_in(self, "tianji"))
+        capabilities.check_schedule_log(self, spec.backend)
         object.__setattr__(self, "_env_spec", spec)
 
     def _check_fields(self) -> None:
@@ -351,6 +360,8 @@ class OnPolicyConfig(_AgentConfig):
                    if self.num_learner_devices > 1 else "")
                 + (f"; {self.num_learner_groups} learner groups of {self.updates_per_group} updates each, params "
                    f"averaged every {self.sync_every} updates" if self.num_learner_groups > 1 else "")
+                + ("; recording the schedule to RUN_DIR/schedule.jsonl" if self.record_schedule else "")
+                + (f"; replaying the schedule {self.replay_schedule}" if self.replay_schedule else "")
                 + (f"; {self.num_processes} processes (this is process {self.process_id}, coordinator "
                    f"{self.coordinator}), each contributing {self.batch_size} env steps to every update of "
                    f"{self.global_batch_size}" if self.num_processes > 1 else ""))

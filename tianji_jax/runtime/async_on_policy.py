@@ -31,6 +31,8 @@ from tianji_jax.runtime.host_actor import HostActor, host_policy
 from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
+from tianji_jax.runtime.scheduled import ScheduledRunner
+from tianji_jax.schedule_file import load_schedule
 
 __all__ = ["AsyncOnPolicy", "placement", "resume_seed"]
 
@@ -225,12 +227,19 @@ class AsyncOnPolicy:
             self._obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         try:
-            self.runner = AsyncRunner(
-                actors=actors, learn=self._learn_item,
-                initial_params=self._published(self.local_learner_state.params), num_updates=config.updates_per_group,
-                item_steps=config.batch_size, schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
-                queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
-                initial_version=int(self.local_learner_state.version), num_groups=groups)
+            if (config.record_schedule or config.replay_schedule) and restore is not None:
+                raise ValueError("record_schedule / replay_schedule cover a run from its start; a resumed run cannot "
+                                 "use them (allowed: a new run)")
+            runner = dict(actors=actors, learn=self._learn_item,
+                          initial_params=self._published(self.local_learner_state.params),
+                          num_updates=config.updates_per_group, item_steps=config.batch_size,
+                          schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
+                          queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
+                          initial_version=int(self.local_learner_state.version), num_groups=groups)
+            if config.replay_schedule is not None:  # actors act the recorded versions (runtime/scheduled.py)
+                self.runner = ScheduledRunner(replay=load_schedule(config.replay_schedule), **runner)
+            else:
+                self.runner = AsyncRunner(**runner)
         except BaseException:
             self.close()
             raise

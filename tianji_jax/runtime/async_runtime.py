@@ -221,6 +221,7 @@ class AsyncRunner:
         self.actor_logs: list[list[int]] = [[] for _ in actors]  # versions each actor acted with
         self.last_consumed_version = -1
         self.extra_snapshot: Callable[[], dict] | None = None  # more counters for take_snapshot
+        self.recorder: Any = None  # a schedule_file.ScheduleRecorder (set before run; one learner group)
         self.snapshot: dict[str, Any] = {}  # the snapshot of the event being handled by on_update
         self._threads: list[threading.Thread] = []
 
@@ -289,7 +290,8 @@ class AsyncRunner:
                 return
             data, steps = out
             self.actor_logs[actor_id].append(version)
-            self.buffers[group].put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps),
+            self.buffers[group].put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
+                                                   rollout=len(self.actor_logs[actor_id]) - 1),
                                     0.0, self.stop, admitted=True)
 
     def _actor_loop(self, actor_id: int) -> None:
@@ -325,7 +327,8 @@ class AsyncRunner:
                 return
             data, steps = out
             self.actor_logs[actor_id].append(version)
-            pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps)
+            pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
+                                     rollout=len(self.actor_logs[actor_id]) - 1)
             r += 1
 
     def _learner_loop(self, group: int = 0) -> None:
@@ -343,6 +346,9 @@ class AsyncRunner:
                 continue
             last_fresh, fed = time.monotonic(), True
             self.last_consumed_version = item.version
+            if self.recorder is not None:  # record_schedule: what this update consumes, what was dropped
+                self.recorder.record(version, item, buffer.drop_log or [])
+                buffer.drop_log = []
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(item, version)
             self.updates_done[group] += 1
