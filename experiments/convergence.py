@@ -120,6 +120,10 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
                  hp="steps8"),
           System("tianji_jax DQN relaxed steps8", "dqn", "tianji_runner.py", mode="relaxed", envs=("CartPole-v1",),
                  hp="steps8"),
+          System("tianji_jax DQN anakin steps1", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
+                 hp="steps1"),
+          System("tianji_jax DQN relaxed steps1", "dqn", "tianji_runner.py", mode="relaxed", envs=("CartPole-v1",),
+                 hp="steps1"),
           # the same runtime with SB3's tuned CartPole PPO hyper-parameters: runtime against runtime
           System("tianji_jax PPO anakin sb3-hp", "ppo", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
                  hp="sb3"),

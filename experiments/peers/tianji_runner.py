@@ -29,9 +29,10 @@ LunarLander (envpool) the library rejects Anakin: unsupported.
 SAC (``tj.SACConfig``, Anakin only, gymnax ``Pendulum-v1``): the library's defaults (4 envs x 1 step,
 replay ratio 1, batch 256, Adam 3e-4 for actor, critics and temperature, tau 0.005, MLP 256-256 relu,
 1000 uniform random warm-up steps, 50k env steps).
-Spec ``hp`` ``"steps8"`` (CartPole-v1 DQN, Anakin or async ``relaxed``): ``DQNConfig()``'s defaults with
-``num_steps=8`` (each iteration, and each async actor chunk, is 8 steps of the 10 envs; the replay
-ratio 0.1 then gives 8 gradient updates per iteration).
+Spec ``hp`` ``"steps8"`` / ``"steps1"`` (CartPole-v1 DQN, Anakin or async ``relaxed``): ``DQNConfig()``'s
+defaults with ``num_steps=8`` (the default since it was measured faster; each iteration, and each
+async actor chunk, is 8 steps of the 10 envs; the replay ratio 0.1 then gives 8 gradient updates
+per iteration) or ``num_steps=1`` (the earlier default: one update per iteration).
 Distributional DQN on CartPole-v1 (spec ``hp`` ``"c51"`` / ``"qr"`` / ``"dist-plain"``, Anakin): the
 settings of ``tests/test_dqn_distributional.py`` (``tests/dqn_settings.py``'s ``CARTPOLE_FAST``, copied
 below as data: 10 envs x 8 steps, replay ratio 0.25, batch 64, lr 1e-3, MLP 256-256, Polyak tau 0.005,
@@ -163,10 +164,10 @@ def make_config():
                       epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_fraction=0.12, hidden_sizes=(256, 256),
                       activation="relu", huber_delta=1.0, double_q=False, n_step=1, total_env_steps=100_000),
                   **common}
-    if spec.get("hp") == "steps8":  # DQNConfig()'s defaults, 8 env steps per env per iteration (actor chunk)
+    if spec.get("hp") in ("steps8", "steps1"):  # DQNConfig()'s defaults with 8 (the default) or 1 env steps per env per iteration
         if env != "CartPole-v1":
-            P.unsupported("the steps8 variant is defined for CartPole-v1 only")
-        common["num_steps"] = 8  # replay ratio 0.1 kept: 10 envs x 8 steps x 0.1 = 8 updates per iteration
+            P.unsupported(f"the {spec['hp']} variant is defined for CartPole-v1 only")
+        common["num_steps"] = int(spec["hp"][5:])  # replay ratio 0.1 kept: 10 envs x 8 steps x 0.1 = 8 updates per iteration
     if mode == "anakin":
         return tj.DQNConfig(env=env_id, runtime="anakin", **common)
     if mode not in ("sync", "relaxed"):
