@@ -25,7 +25,8 @@ actor waits) uses the actor's core too; resources are not fully separate (see ``
    time. The neighbours' load moves ``u`` by up to 2x between runs, so the realized r differs from
    the target (the runs' measured r is reported and plotted); the target 6 is there because the
    target 3 realized r ~ 1.7 (the runs' u exceeded the calibration's).
-2. For each r and schedule (``sync``; ``one_step``, K=1; ``relaxed``, K=2), per seed: env steps
+2. For each r and schedule (``sync``; ``one_step``, K=1; ``relaxed``, K=2; ``auto``, ceiling K=2: the
+   admission window tuned online, ``tianji_jax/runtime/auto_schedule.py``), per seed: env steps
    and wall seconds to the threshold, throughput (env steps consumed by the learner per second, the
    first metrics row excluded), measured r (``sum(rollout_s) / sum(update_s)`` over the run), lag
    mean/max, dropped fraction, time spent evaluating, load average before and after the run.
@@ -72,7 +73,8 @@ import _common as C  # noqa: E402
 import tianji_jax as tj  # noqa: E402
 from tianji_jax import host_on_policy  # noqa: E402
 
-SCHEDULES = (("sync", 0), ("one_step", 1), ("relaxed", 2))
+SCHEDULES = (("sync", 0), ("one_step", 1), ("relaxed", 2), ("auto", 2))  # auto: its ceiling K = relaxed's
+OVERLAPPING = tuple(s for s, _ in SCHEDULES if s != "sync")
 KEY = ("r_target", "schedule", "seed")
 
 # Seconds of each evaluation of the current run, in order (one per metrics row): the library's
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="r = 1 only, 1 seed, 10k env steps, a 64x64 net with 2 epochs, into quick/")
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--schedules", nargs="+", default=[s for s, _ in SCHEDULES],
+                        choices=[s for s, _ in SCHEDULES], help="schedules to run (sync is every speedup's baseline)")
     parser.add_argument("--r-values", type=float, nargs="+", default=[0.3, 1.0, 3.0, 6.0],
                         help="target r = acting / learning time (D from the calibrated u; the realized r is measured)")
     parser.add_argument("--total-env-steps", type=int, default=100_352, help="budget per run (98 updates)")
@@ -313,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seeds):
         for r in args.r_values:
             for schedule, k in SCHEDULES:
-                if (r, schedule, seed) in done:
+                if (r, schedule, seed) in done or schedule not in args.schedules:
                     continue
                 if r not in warmed:  # the env id (latency) enters the compile key: compile every schedule first
-                    for sch, kk in SCHEDULES:
+                    for sch, kk in [(a, b) for a, b in SCHEDULES if a in args.schedules]:
                         short_run(args, cal["r"][str(r)]["latency_ms"], 1, sch, kk)
                     warmed.add(r)
                 row, cs = run_one(args, cal, r, schedule, k, seed)
@@ -425,7 +429,7 @@ def make_summary(args, cal, rows, wall_s, load_start) -> str:
         if not syncs:
             continue
         bound = C.median(x["bound"] for x in syncs)
-        for schedule in ("one_step", "relaxed"):
+        for schedule in OVERLAPPING:
             rs = [x for x in rows if x["r_target"] == r and x["schedule"] == schedule]
             if not rs:
                 continue
@@ -457,7 +461,7 @@ def plot(args, rows, path: Path) -> None:
                            (axes[1], "speedup_consumed_sps", "throughput (consumed env SPS): schedule / sync")):
         ax.plot(xs, 1 + np.minimum(xs, 1 / xs), "k--", lw=1, label="ideal overlap 1 + min(r, 1/r)")
         ax.axhline(1.0, color="k", lw=0.5)
-        for i, schedule in enumerate(("one_step", "relaxed")):
+        for i, schedule in enumerate(OVERLAPPING):
             pts, meds = [], []
             for r in args.r_values:
                 rs = [x for x in rows if x["r_target"] == r and x["schedule"] == schedule]
@@ -465,7 +469,7 @@ def plot(args, rows, path: Path) -> None:
                 if not rs or not syncs:
                     continue
                 rm = C.median(x["r_measured"] for x in syncs)
-                jitter = 1.0 + (0.03 if i else -0.03)
+                jitter = 1.0 + 0.03 * (i - 1)
                 pts += [(rm * jitter, x.get(key, math.nan)) for x in rs]
                 meds.append((rm * jitter, C.median(x.get(key, math.nan) for x in rs)))
             if pts:

@@ -182,6 +182,7 @@ class TrajectoryQueue(_Inbox):
         super().__init__(limiter, max_policy_lag)
         self.consumed = 0
         self._learning = False
+        self.admit_window = self.max_policy_lag  # rollouts ahead admission allows (<= K; the auto schedule moves it)
         self.drop_log: list[tuple[int, int, int]] | None = None  # a list: dropped (actor, rollout, version) go there
 
     def _taken(self) -> int:
@@ -192,7 +193,27 @@ class TrajectoryQueue(_Inbox):
 
     def _can_admit(self, num_steps: int) -> bool:
         ahead = len(self._items) + self._admitted_items + int(self._learning)
-        return ahead <= self.max_policy_lag and super()._can_admit(num_steps)
+        return ahead <= self.admit_window and super()._can_admit(num_steps)
+
+    def set_window(self, window: int) -> None:
+        """Admit a rollout only while at most ``window`` (``1..K``) are ahead of it, and give the
+        rate limiter room for ``max(2, window + 1)`` trajectories (never binding below the window;
+        2 is the deadlock rule's minimum). The lag gate stays at K.
+
+        Raises:
+            ValueError: ``window`` outside ``1..max(1, K)``.
+        """
+        if not 1 <= window <= max(1, self.max_policy_lag):
+            raise ValueError(f"window must be in 1..{max(1, self.max_policy_lag)} (max_policy_lag), got {window}")
+        with self._cond:
+            self.admit_window = int(window)
+            self.limiter.max_diff = max(2, window + 1) * self.limiter.chunk_items
+            self._cond.notify_all()
+
+    def knobs(self) -> dict[str, float]:
+        """The knobs in force: ``lag_window`` (admission window, versions) and ``queue_limit``
+        (trajectories the rate limiter lets wait)."""
+        return {"lag_window": self.admit_window, "queue_limit": self.limiter.max_diff / self.limiter.chunk_items}
 
     # -- learner side -------------------------------------------------------------------------------
     def _drop_stale(self, learner_version: int) -> None:
@@ -300,6 +321,35 @@ class ReplayIngress(_Inbox):
                 if left <= 0 or stop.is_set():
                     return [], False
                 self._cond.wait(min(left, 0.1))
+
+    @property
+    def band_min(self) -> float:
+        """The narrowest samples-per-insert half-band that cannot deadlock, in items: ``B + spi * c``."""
+        lim = self.limiter
+        return lim.batch_items + lim.spi * lim.chunk_items
+
+    @property
+    def band(self) -> float:
+        """The limiter band's half-width now, in items."""
+        return (self.limiter.max_diff - self.limiter.min_diff) / 2
+
+    def set_band(self, half: float) -> None:
+        """Keep ``I*spi - S`` within ``half`` items of the band's centre (``half >= band_min``).
+
+        Raises:
+            ValueError: ``half < band_min`` (the deadlock rule).
+        """
+        if half < self.band_min:
+            raise ValueError(f"band half-width {half} < {self.band_min} (batch_items + spi * chunk_items: narrower "
+                             "could deadlock)")
+        with self._cond:
+            centre = (self.limiter.min_diff + self.limiter.max_diff) / 2
+            self.limiter.min_diff, self.limiter.max_diff = centre - half, centre + half
+            self._cond.notify_all()
+
+    def knobs(self) -> dict[str, float]:
+        """The knob in force: ``spi_band`` (the limiter band's half-width, in sampled items)."""
+        return {"spi_band": self.band}
 
     def record_sample(self, sample_items: int) -> None:
         """Count ``sample_items`` samples with the limiter (a block the learner ran without asking

@@ -115,9 +115,9 @@ _NO_SCHEDULE_LOG = ("the replay data path samples replay in an order no schedule
 FIELD_REASONS.update({(a, f): _NO_SCHEDULE_LOG for a in ("dqn", "sac") for f in ("record_schedule", "replay_schedule")})
 
 SCHEDULE_LOG_RULES: tuple[tuple[Callable[[Cell, Any], bool], str], ...] = (
-    (lambda c, cfg: cfg.schedule != "relaxed",
+    (lambda c, cfg: cfg.schedule not in ("relaxed", "auto"),
      "schedules 'sync' and 'one_step' are deterministic already (one actor, a fixed hand-off); a schedule "
-     "records what 'relaxed' leaves to thread timing"),
+     "records what 'relaxed' (and 'auto') leave to thread timing"),
     (lambda c, cfg: c.layout == "groups",
      "learner groups average their params in the order the groups arrive, which a schedule of rollouts does not fix"),
     (lambda c, cfg: c.layout == "multi_host",

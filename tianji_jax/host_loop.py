@@ -171,6 +171,7 @@ def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: flo
         "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
         "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
         "queue_depth": snap["depth"],
+        **{k: snap.get(k, math.nan) for k in ("lag_window", "queue_limit", "spi_band")},
         **{k: snap[k] - last[k] for k in timers},
     }
 

@@ -20,7 +20,7 @@ METRIC_COLUMNS = (
     "eval_return_mean", "eval_return_std", "eval_env_steps", "policy_loss", "value_loss", "entropy", "approx_kl",
     "clip_fraction", "grad_norm", "policy_lag_mean", "policy_lag_max", "production_sps", "consumed_sps", "reuse",
     "spi_observed", "limiter_error", "dropped_stale", "dropped_partial", "lost_chunks", "actor_wait_frac", "learner_wait_frac", "queue_depth",
-    "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
+    "lag_window", "queue_limit", "spi_band", "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
     "epsilon", "replay_ratio_observed", "td_loss", "q_mean", "nonfinite_skips", "alpha",
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
@@ -41,7 +41,11 @@ transitions left over from uneven resets and actions in flight — cumulative; 0
 ``lost_chunks`` (rollouts of remote Ray actors lost when their process died, never inserted;
 cumulative; 0 with actor threads),
 ``actor_wait_frac`` / ``learner_wait_frac`` (share of the chunk's wall time spent waiting),
-``queue_depth`` (trajectories waiting), and per-phase seconds within the chunk (summed over
+``queue_depth`` (trajectories waiting), the knobs in force at the row (learner group 0's; moved
+by ``schedule='auto'``, constant otherwise): on-policy ``lag_window`` (admission window: rollouts
+that may be ahead of a new one, in versions) and ``queue_limit`` (trajectories the rate limiter
+lets wait), replay ``spi_band`` (the samples-per-insert band's half-width, in sampled items; the
+other data path's knobs are empty), and per-phase seconds within the chunk (summed over
 actors) ``rollout_s`` (inference + env step), for host envs split into ``inference_s`` (policy on
 the actor device, actions back to the host) and ``env_step_s`` (envpool/gymnasium step and
 trajectory assembly; both empty for gymnax actors, whose rollout is one fused program),

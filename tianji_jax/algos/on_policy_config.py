@@ -113,12 +113,15 @@ class OnPolicyConfig(_AgentConfig):
     runtime: Literal["anakin", "async"] = "anakin"
     """'anakin': acting and learning fused on one device; 'async': actor threads and a learner on
     different devices, decoupled through the lag-bounded trajectory queue (TianJi mode)."""
-    schedule: Literal["sync", "one_step", "relaxed"] = tianji("relaxed")
+    schedule: Literal["sync", "one_step", "relaxed", "auto"] = tianji("relaxed")
     """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
-    'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag)."""
+    'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag), 'auto'
+    (relaxed, with the admission window and queue limit tuned online within the ceiling
+    max_policy_lag from both sides' waits: tianji_jax/runtime/auto_schedule.py)."""
     max_policy_lag: int | None = tianji(None)
-    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed).
-    With admission control the queue also caps it: one actor sees lag <= min(K, queue_batches)."""
+    """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed),
+    4 (auto: the ceiling of its window). With admission control the queue also caps it: one actor
+    sees lag <= min(K, queue_batches)."""
     num_actors: int = tianji(1)
     """Async actor threads, each with its own num_envs envs ('sync'/'one_step' need 1)."""
     queue_batches: int = tianji(2)
@@ -196,8 +199,8 @@ class OnPolicyConfig(_AgentConfig):
         _check_shared(self)
         if self.runtime not in ("anakin", "async"):
             raise ValueError(f"runtime must be one of ('anakin', 'async'), got {self.runtime!r}")
-        if self.schedule not in ("sync", "one_step", "relaxed"):
-            raise ValueError(f"schedule must be one of ('sync', 'one_step', 'relaxed'), got {self.schedule!r}")
+        if self.schedule not in ("sync", "one_step", "relaxed", "auto"):
+            raise ValueError(f"schedule must be one of ('sync', 'one_step', 'relaxed', 'auto'), got {self.schedule!r}")
         _check_int("num_actors", self.num_actors, minimum=1)
         _check_int("queue_batches", self.queue_batches, minimum=2)
         _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
@@ -206,8 +209,11 @@ class OnPolicyConfig(_AgentConfig):
         lag = self.policy_lag_bound
         if self.schedule == "sync" and lag != 0:
             raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {lag}")
-        if self.schedule == "one_step" and lag < 1:
-            raise ValueError(f"max_policy_lag must be >= 1 for schedule 'one_step', got {lag}")
+        if self.schedule in ("one_step", "auto") and lag < 1:
+            raise ValueError(f"max_policy_lag must be >= 1 for schedule {self.schedule!r}, got {lag}")
+        if self.schedule == "auto" and self.queue_batches != 2:
+            raise ValueError(f"queue_batches={self.queue_batches} is set by schedule 'auto' (max(2, window + 1)); "
+                             "allowed: queue_batches=2 (default), or another schedule")
         _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
         _check_int("sync_every", self.sync_every, minimum=1)
         groups = self.num_learner_groups
@@ -271,10 +277,10 @@ class OnPolicyConfig(_AgentConfig):
 
     @property
     def policy_lag_bound(self) -> int:
-        """K: ``max_policy_lag``, or the schedule's default (sync 0, one_step 1, relaxed 2)."""
+        """K: ``max_policy_lag``, or the schedule's default (sync 0, one_step 1, relaxed 2, auto 4)."""
         if self.max_policy_lag is not None:
             return self.max_policy_lag
-        return {"sync": 0, "one_step": 1, "relaxed": 2}.get(self.schedule, 0)
+        return {"sync": 0, "one_step": 1, "relaxed": 2, "auto": 4}.get(self.schedule, 0)
 
     @property
     def batch_size(self) -> int:

@@ -110,11 +110,16 @@ class ReplayConfig(_AgentConfig):
     max_policy_lag: int = tianji(4)
     """Async: the lag gate at insert: a rollout acted with params more than this many versions
     behind the learner when it reaches the replay buffer is dropped (docs/runtime.md, "The lag contract")."""
-    schedule: Literal["sync", "relaxed"] = tianji("relaxed")
+    schedule: Literal["sync", "relaxed", "auto"] = tianji("relaxed")
     """Async: 'relaxed' (actors act with the newest params whenever the rate limiter admits a
-    chunk; the TianJi mode) or 'sync' (one actor; chunk k is acted with the params published after
-    the learner processed chunk k-1, exactly as an Anakin iteration: lag 0, bit-reproducible;
-    max_policy_lag is then unused)."""
+    chunk; the TianJi mode), 'auto' (relaxed, with the samples-per-insert band tuned online within
+    replay_ratio_tolerance: tianji_jax/runtime/auto_schedule.py) or 'sync' (one actor; chunk k is
+    acted with the params published after the learner processed chunk k-1, exactly as an Anakin
+    iteration: lag 0, bit-reproducible; max_policy_lag is then unused)."""
+    replay_ratio_tolerance: float = tianji(1.0)
+    """Async: how far the replay ratio may stray, as the rate limiter's band half-width in multiples
+    (>= 1) of the narrowest band that cannot deadlock (one block's samples + one chunk's inserts'
+    worth of samples); 1 is the tightest. 'relaxed' uses this band; 'auto' moves within [1, this]."""
     num_actors: int = tianji(1)
     """Async: actor threads, each with its own num_envs envs."""
     stall_timeout_s: float = tianji(60.0)
@@ -192,8 +197,9 @@ class ReplayConfig(_AgentConfig):
         _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
         if self.runtime not in _RUNTIMES:
             raise ValueError(f"runtime must be one of {_RUNTIMES}, got {self.runtime!r}")
-        if self.schedule not in ("sync", "relaxed"):
-            raise ValueError(f"schedule must be one of ('sync', 'relaxed'), got {self.schedule!r}")
+        if self.schedule not in ("sync", "relaxed", "auto"):
+            raise ValueError(f"schedule must be one of ('sync', 'relaxed', 'auto'), got {self.schedule!r}")
+        _check_float("replay_ratio_tolerance", self.replay_ratio_tolerance, low=1.0)
         _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
         groups = self.num_learner_groups
         if self.runtime == "async" and self.schedule == "sync" and self.num_actors != groups:
@@ -372,9 +378,11 @@ class ReplayConfig(_AgentConfig):
                if self.eval_episodes else "")
             + ("; async runtime, schedule sync (one actor per learner group, lag 0, the Anakin iteration order)"
                if self.runtime == "async" and self.schedule == "sync" else
-               f"; async runtime, {self.num_actors} actor(s), lag gate at insert K={self.max_policy_lag}, "
-               "replay ratio held by the rate limiter, which also sets the exact env steps (the same to within "
-               "its band)" if self.runtime == "async" else "; Anakin runtime")
+               f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), lag gate at insert "
+               f"K={self.max_policy_lag}, replay ratio held by the rate limiter, which also sets the exact env steps "
+               f"(the same to within its band, {self.replay_ratio_tolerance:g}x the narrowest"
+               + (", tuned online from there" if self.schedule == "auto" else "") + ")"
+               if self.runtime == "async" else "; Anakin runtime")
             + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                if self.actor_backend == "ray" else "")
             + (f"; {self.num_learner_groups} learner groups (replay of {self.buffer_capacity // self.num_learner_groups} "

@@ -27,6 +27,7 @@ from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
 from tianji_jax.runtime import data_parallel
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
+from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime.host_actor import HostActor, host_policy
 from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
@@ -233,13 +234,17 @@ class AsyncOnPolicy:
             runner = dict(actors=actors, learn=self._learn_item,
                           initial_params=self._published(self.local_learner_state.params),
                           num_updates=config.updates_per_group, item_steps=config.batch_size,
-                          schedule=config.schedule, max_policy_lag=config.policy_lag_bound,
+                          schedule="relaxed" if config.schedule == "auto" else config.schedule,
+                          max_policy_lag=config.policy_lag_bound,
                           queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
                           initial_version=int(self.local_learner_state.version), num_groups=groups)
             if config.replay_schedule is not None:  # actors act the recorded versions (runtime/scheduled.py)
                 self.runner = ScheduledRunner(replay=load_schedule(config.replay_schedule), **runner)
             else:
                 self.runner = AsyncRunner(**runner)
+                if config.schedule == "auto":  # relaxed, its admission window tuned online
+                    self.runner.balancer = AutoBalancer(config.policy_lag_bound, num_actors=config.num_actors // groups)
+                    self.runner.balancer.start(self.runner.buffers)
         except BaseException:
             self.close()
             raise

@@ -27,6 +27,7 @@ from tianji_jax.buffers import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import _distributed, placement, resume_seed
 from tianji_jax.runtime.async_runtime import PhaseTimers
+from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
 from tianji_jax.runtime.replay_host import ReplayHostActor
@@ -210,7 +211,12 @@ class AsyncReplay:
             min_size=config.learning_starts // groups // procs,
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
-            schedule=config.schedule, num_groups=groups)
+            schedule="relaxed" if config.schedule == "auto" else config.schedule, num_groups=groups,
+            band_factor=config.replay_ratio_tolerance)
+        if config.schedule == "auto":  # relaxed, its samples-per-insert band tuned online
+            self.runner.balancer = AutoBalancer(max(1, config.max_policy_lag), config.replay_ratio_tolerance,
+                                                num_actors=config.num_actors // groups)
+            self.runner.balancer.start(self.runner.buffers)
         self.averager = (ParamAverager(groups, self.group_devices, config.stall_timeout_s, self.runner.stop)
                          if groups > 1 else None)
         if self.remote is not None:

@@ -222,6 +222,7 @@ class AsyncRunner:
         self.last_consumed_version = -1
         self.extra_snapshot: Callable[[], dict] | None = None  # more counters for take_snapshot
         self.recorder: Any = None  # a schedule_file.ScheduleRecorder (set before run; one learner group)
+        self.balancer: Any = None  # an auto_schedule.AutoBalancer (set before run)
         self.snapshot: dict[str, Any] = {}  # the snapshot of the event being handled by on_update
         self._threads: list[threading.Thread] = []
 
@@ -354,6 +355,8 @@ class AsyncRunner:
             self.updates_done[group] += 1
             version += 1
             store.publish(params, version)
+            if self.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+                self.balancer.after_update(group, buffer, self.telemetry)
             self.events.put(("update", version, metrics, item, self.take_snapshot(), group))
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
 
@@ -371,8 +374,9 @@ class AsyncRunner:
         thread may handle the event later): ``time`` (perf_counter seconds), the buffer's
         ``produced`` / ``consumed`` / ``inserted`` / ``dropped_stale`` / ``depth``, the limiter's
         ``sampled`` / ``limiter_inserted`` / ``limiter_error``, the telemetry's wait and busy
-        seconds, plus whatever ``extra_snapshot()`` returns (per-phase timers). With learner
-        groups the counts are sums over the groups' queues."""
+        seconds, group 0's knobs (``lag_window`` / ``queue_limit`` or ``spi_band``), plus whatever
+        ``extra_snapshot()`` returns (per-phase timers). With learner groups the counts are sums
+        over the groups' queues."""
         now = time.perf_counter()
         waits = self.telemetry.read(now)  # the same instant as the row's time: fractions stay <= 1
         bufs = self.buffers
@@ -382,7 +386,7 @@ class AsyncRunner:
                 "dropped_stale": sum(b.dropped_stale for b in bufs), "depth": sum(b.depth() for b in bufs),
                 "sampled": sum(b.limiter.sampled for b in bufs),
                 "limiter_inserted": sum(b.limiter.inserted for b in bufs),
-                "limiter_error": sum(b.limiter.error for b in bufs), **waits}
+                "limiter_error": sum(b.limiter.error for b in bufs), **bufs[0].knobs(), **waits}
         if self.extra_snapshot is not None:
             snap.update(self.extra_snapshot())
         return snap

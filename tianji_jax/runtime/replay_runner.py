@@ -54,6 +54,8 @@ class ReplayRunner(AsyncRunner):
         initial_version: version of ``initial_params`` (the restored learner's on resume).
         schedule: ``"relaxed"`` or ``"sync"`` (``max_policy_lag`` must then be 0).
         num_groups: learner groups G (>= 1).
+        band_factor: the limiter band's half-width as a multiple (>= 1) of the narrowest that
+            cannot deadlock, ``block_samples + spi * chunk_steps`` (``replay_ratio_tolerance``).
 
     Raises:
         ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
@@ -63,7 +65,7 @@ class ReplayRunner(AsyncRunner):
     def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem], int], None], learn: Callable,
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
                  min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
-                 schedule: str = "relaxed", num_groups: int = 1):
+                 schedule: str = "relaxed", num_groups: int = 1, band_factor: float = 1.0):
         if schedule not in ("sync", "relaxed"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
@@ -73,9 +75,11 @@ class ReplayRunner(AsyncRunner):
         self.min_size = int(min_size)
         self._processed = [0] * num_groups  # sync: chunks each group's learner has inserted (and learned after)
         self._processed_cond = threading.Condition()
-        # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is as wide as the
-        # deadlock rule needs on each side, so neither side can block forever.
-        tol = block_samples + spi * chunk_steps
+        # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is (band_factor times)
+        # as wide as the deadlock rule needs on each side, so neither side can block forever.
+        if not band_factor >= 1.0:
+            raise ValueError(f"band_factor must be >= 1 (the deadlock rule's band), got {band_factor}")
+        tol = band_factor * (block_samples + spi * chunk_steps)
         centre = min_size * spi
         self.buffers = [ReplayIngress(RateLimiter(spi=spi, min_size=max(1, min_size), min_diff=centre - tol,
                                                   max_diff=centre + tol, batch_items=block_samples,
@@ -175,5 +179,7 @@ class ReplayRunner(AsyncRunner):
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(group, version)
             version += 1
+            if self.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+                self.balancer.after_update(group, buffer, self.telemetry)
             self._publish(group, version, params, metrics)
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
