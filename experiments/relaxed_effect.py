@@ -105,7 +105,8 @@ def env_id(latency_ms: float) -> str:
 
 
 def base_config(args, latency_ms: float) -> tj.PPOConfig:
-    return tj.PPOConfig(env=env_id(latency_ms), runtime="async", num_actors=1, num_envs=args.num_envs,
+    return tj.PPOConfig(env=env_id(latency_ms), runtime="async", num_actors=1, actor_backend=args.actor_backend,
+                        num_envs=args.num_envs,
                         num_steps=args.num_steps, hidden_sizes=tuple(args.hidden), update_epochs=args.update_epochs,
                         num_minibatches=args.num_minibatches, total_env_steps=args.total_env_steps,
                         eval_every_env_steps=args.eval_every, eval_episodes=10, stop_at_return=args.threshold)
@@ -230,10 +231,12 @@ def run_one(args, cal: dict, r: float, schedule: str, k: int, seed: int) -> tupl
         row["policy_lag_max"] = float(np.nanmax(c["policy_lag_max"]))
         row["policy_lag_mean"] = float(np.nanmean(c["policy_lag_mean"]))
     row["dropped_env_steps"] = float(c["dropped_stale"][-1] + c["dropped_partial"][-1])
+    # the admission window in force at each row (auto moves it; the fixed schedules' stays at K)
+    row["lag_window_min"], row["lag_window_max"] = float(np.min(c["lag_window"])), float(np.max(c["lag_window"]))
     curves = [{"r_target": r, "schedule": schedule, "seed": seed, "env_steps": c["env_steps"][j],
                "wall_time_s": c["wall_time_s"][j], "eval_s": ev[j], "eval_return_mean": c["eval_return_mean"][j],
                "policy_lag_mean": c["policy_lag_mean"][j], "rollout_s": c["rollout_s"][j],
-               "update_s": c["update_s"][j]} for j in range(len(c["env_steps"]))]
+               "update_s": c["update_s"][j], "lag_window": c["lag_window"][j]} for j in range(len(c["env_steps"]))]
     return row, curves
 
 
@@ -284,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="r = 1 only, 1 seed, 10k env steps, a 64x64 net with 2 epochs, into quick/")
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--actor-backend", choices=["threads", "ray"], default="threads",
+                        help="ray: the actor in its own process (a private local Ray instance); use its own --out "
+                             "and copy the threads run's calibration.json there to keep its latencies")
     parser.add_argument("--schedules", nargs="+", default=[s for s, _ in SCHEDULES],
                         choices=[s for s, _ in SCHEDULES], help="schedules to run (sync is every speedup's baseline)")
     parser.add_argument("--r-values", type=float, nargs="+", default=[0.3, 1.0, 3.0, 6.0],
@@ -349,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "total_env_steps": args.total_env_steps, "eval_every_env_steps": args.eval_every,
                                     "num_envs": args.num_envs, "num_steps": args.num_steps, "hidden": args.hidden,
                                     "update_epochs": args.update_epochs, "num_minibatches": args.num_minibatches,
-                                    "num_actors": 1}})
+                                    "num_actors": 1, "actor_backend": args.actor_backend}})
     plot(args, rows, out / "relaxed_effect.png")
     print(summary)
     return 0
@@ -370,7 +376,9 @@ def make_summary(args, cal, rows, wall_s, load_start) -> str:
              "(`load_before_1m`, `load_after_1m`); the table gives its range per r.", "",
              f"Async PPO on `envpool:CartPole-v1|latency_ms=D`, {args.num_envs} envs x {args.num_steps} steps, MLP "
              f"{'x'.join(map(str, args.hidden))}, {args.update_epochs} epochs x {args.num_minibatches} minibatches, "
-             f"one actor thread (cpu:0), learner on cpu:1; evaluation of 10 deterministic episodes every "
+             + ("one actor thread (cpu:0), learner on cpu:1" if args.actor_backend == "threads" else
+                "one Ray actor process (its own CPU policy copy; a private local Ray instance), learner on cpu:1")
+             + "; evaluation of 10 deterministic episodes every "
              f"{args.eval_every} env steps, threshold {args.threshold:g}, budget {args.total_env_steps} env steps "
              f"(runs stop at the threshold). {args.seeds} seed(s), seeds the outer loop. Both XLA CPU devices "
              f"share one intra-op thread pool over the 2 cores, so a learner updating alone (sync: the actor "
@@ -441,7 +449,10 @@ def make_summary(args, cal, rows, wall_s, load_start) -> str:
                          f"speedup {w:.2f} and throughput speedup {s:.2f} against the bound {bound:.2f}; env steps to "
                          f"threshold x{st:.2f} of sync's; the learner's seconds per update x{uu:.2f} and the actor's x{aa:.2f} "
                          f"of sync's; "
-                         f"learner waiting {lw:.0%} of the time.")
+                         f"learner waiting {lw:.0%} of the time"
+                         + (f"; admission window {min(x.get('lag_window_min', math.nan) for x in rs):.0f}.."
+                            f"{max(x.get('lag_window_max', math.nan) for x in rs):.0f} over its rows"
+                            if all(np.isfinite(x.get('lag_window_min', math.nan)) for x in rs) else "") + ".")
     lines += ["", f"Total wall of this invocation {wall_s:.0f} s (calibration reused when `calibration.json` "
               f"existed; rows already in results.csv not run again); load average at its start {load_start}. "
               f"The {len(rows)} measured runs' `tj.train` calls took {sum(x['train_call_s'] for x in rows):.0f} s "
