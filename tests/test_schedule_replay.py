@@ -8,6 +8,7 @@ import json
 import random
 import time
 
+import numpy as np
 import pytest
 
 from tianji_jax.runtime.async_runtime import AsyncRunner
@@ -207,16 +208,26 @@ def test_a_recorded_ppo_run_replays_bit_for_bit(tmp_path, env):
     other = _other_schedule(path, schedule, tmp_path / "other.jsonl")
     third = tj.train(tj.PPOConfig(replay_schedule=str(other), **base), run_dir=tmp_path / "rep3", progress=False)
     assert not _same(third, recorded)
-    # the replayed run's own lag columns are the schedule's
+    # the replayed run's own lag columns are the schedule's; no knob is in force while replaying
     lags = [u - v for u, (_, _, v) in enumerate(schedule.consumed)]
-    assert first.curve["policy_lag_max"].max() == max(lags)
+    assert first.curve["policy_lag_max"].max() == max(lags) and np.all(np.isnan(first.curve["lag_window"]))
+    # a replay must compute what its recording computed: another config, or past the schedule's end, is refused
+    for changes, match in ((dict(seed=4), "recorded with another config: seed: recorded 3, given 4"),
+                           (dict(total_env_steps=4 * 32 * 16), "total_env_steps: recorded 1024, given 2048")):
+        with pytest.raises(ValueError, match=match):
+            tj.PPOConfig(replay_schedule=str(path), **{**base, **changes})
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(open(path).readlines()[:5]))  # the header and 4 of the 8 updates
+    with pytest.raises(ValueError, match="holds 4 updates; this config runs 8"):
+        tj.PPOConfig(replay_schedule=str(cut), **base)
 
 
 @pytest.mark.parametrize("changes, match", [
     (dict(schedule="one_step", num_actors=1), "deterministic already"),
     (dict(num_learner_groups=2, num_actors=2), "learner groups average"),
     (dict(env="envpool:CartPole-v1", env_batch_size=2), "envpool's async mode"),
-    (dict(env="envpool:CartPole-v1", normalize_observations=True), "normalisation statistics"),
+    (dict(env="envpool:CartPole-v1", normalize_observations=True), "running statistics .observation normalisation"),
+    (dict(env="envpool:CartPole-v1", scale_rewards=True), "allowed: schedule .relaxed. or .auto."),
     (dict(runtime="anakin"), "only applies to runtime='async'"),
     (dict(replay_schedule="/nonexistent/schedule.jsonl"), "cannot read it"),
     (dict(record_schedule=True, replay_schedule="x"), "choose one"),
@@ -245,7 +256,8 @@ def test_a_schedule_of_another_config_is_refused(tmp_path):
 
 
 def test_a_recording_run_cannot_be_resumed(tmp_path):
-    """A schedule covers a run from its start: resume refuses it in one line."""
+    """A schedule covers a run from its start: resuming with record_schedule=True is refused in one
+    line; without it the run resumes."""
     import tianji_jax as tj
 
     config = tj.PPOConfig(runtime="async", num_actors=2, record_schedule=True, num_envs=4, num_steps=32,
@@ -256,5 +268,8 @@ def test_a_recording_run_cannot_be_resumed(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         tj.train(config, run_dir=tmp_path / "run", progress=False, callback=interrupt)
-    with pytest.raises(ValueError, match="cover a run from its start"):
+    with pytest.raises(ValueError, match="allowed: resume with record_schedule=False"):
         tj.train(config, run_dir=tmp_path / "run", resume=True, progress=False)
+    recorded = (tmp_path / "run" / "schedule.jsonl").read_text()
+    tj.train(config.replace(record_schedule=False), run_dir=tmp_path / "run", resume=True, progress=False)
+    assert (tmp_path / "run" / "schedule.jsonl").read_text() == recorded  # the part recorded before is kept

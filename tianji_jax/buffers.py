@@ -213,7 +213,7 @@ class TrajectoryQueue(_Inbox):
     def knobs(self) -> dict[str, float]:
         """The knobs in force: ``lag_window`` (admission window, versions) and ``queue_limit``
         (trajectories the rate limiter lets wait)."""
-        return {"lag_window": self.admit_window, "queue_limit": self.limiter.max_diff / self.limiter.chunk_items}
+        return {"lag_window": self.admit_window, "queue_limit": int(self.limiter.max_diff // self.limiter.chunk_items)}
 
     # -- learner side -------------------------------------------------------------------------------
     def _drop_stale(self, learner_version: int) -> None:

@@ -127,8 +127,8 @@ SCHEDULE_LOG_RULES: tuple[tuple[Callable[[Cell, Any], bool], str], ...] = (
     (lambda c, cfg: c.env == "envpool" and cfg.env_batch_size not in (None, cfg.num_envs),
      "envpool's async mode (env_batch_size < num_envs) steps whichever envs finished first, a timing-dependent order"),
     (lambda c, cfg: c.env != "gymnax" and (cfg.normalize_observations or cfg.scale_rewards),
-     "host actors' normalisation statistics are merged at each publication from what every actor had seen by "
-     "then, a timing-dependent amount"),
+     "host actors' running statistics (observation normalisation, reward scaling) are merged at each "
+     "publication from what every actor had seen by then, a timing-dependent amount"),
 )
 """Where ``record_schedule`` / ``replay_schedule`` apply (async runtime, on-policy algorithms):
 ``(when(cell, config), reason)``; the first that matches refuses the config."""
@@ -152,7 +152,9 @@ def check_schedule_log(config: Any, env_backend: str) -> None:
     cell = cell_of(config.ALGO, config, env_backend)
     for when, why in SCHEDULE_LOG_RULES:
         if when(cell, config):
-            raise ValueError(f"{field}={getattr(config, field)!r} is not supported here: {why}")
+            raise ValueError(f"{field}={getattr(config, field)!r} is not supported here: {why}; allowed: schedule "
+                             "'relaxed' or 'auto' with one learner group, one process, actor threads, gymnax or "
+                             "envpool sync mode, and no host statistics (or leave it unset)")
     if replay is None:
         return
     if not isinstance(replay, str) or not replay:
@@ -168,6 +170,37 @@ def check_schedule_log(config: Any, env_backend: str) -> None:
         if recorded != here:
             raise ValueError(f"replay_schedule={replay!r} was recorded with {name}={recorded}; this config has "
                              f"{name}={here} (replay it with the config it was recorded with)")
+    _check_replayed_config(replay, schedule, config)
+
+
+_REPLAY_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s", "max_nonfinite_updates", "record_schedule",
+                                 "replay_schedule"})
+"""Fields a replay may set otherwise than its recording (they do not change what is computed)."""
+
+
+def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
+    """A replay must compute what its recording computed: the same config (but
+    :data:`_REPLAY_FREE_FIELDS`), a lag bound the schedule keeps, and no updates past the
+    schedule's end except after an early stop at a metrics row."""
+    if schedule.config is not None:
+        import json
+
+        mine = json.loads(json.dumps(config.to_dict(), default=str))  # as the header holds it
+        diffs = [f"{k}: recorded {schedule.config.get(k, '<absent>')!r}, given {mine.get(k, '<absent>')!r}"
+                 for k in sorted(set(mine) | set(schedule.config))
+                 if k not in _REPLAY_FREE_FIELDS and schedule.config.get(k, "<absent>") != mine.get(k, "<absent>")]
+        if diffs:
+            raise ValueError(f"replay_schedule={replay!r} was recorded with another config: " + "; ".join(diffs)
+                             + " (replay it with the recorded config, in the file's header; fields that may "
+                             f"differ: {sorted(_REPLAY_FREE_FIELDS)})")
+    if schedule.max_lag > config.policy_lag_bound:
+        raise ValueError(f"replay_schedule={replay!r} consumes rollouts of lag {schedule.max_lag}, above this config's "
+                         f"max_policy_lag={config.policy_lag_bound}; allowed: max_policy_lag >= {schedule.max_lag}")
+    held, runs, chunk = len(schedule.consumed), config.updates_per_group, config.updates_per_chunk
+    if held < runs and (held % chunk or config.stop_at_return is None):
+        raise ValueError(f"replay_schedule={replay!r} holds {held} updates; this config runs {runs} (metrics rows every "
+                         f"{chunk}): its recording was cut short, and a replay cannot go past its end (allowed: a "
+                         "schedule of a run that finished, or stopped early at a row with stop_at_return)")
 
 
 def field_reason(algo: str, field: str) -> str | None:

@@ -129,9 +129,10 @@ VERSION_CHECKED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnax")
 """Packages whose version must match between a run and its resume (they decide the bits computed)."""
 
 RESUME_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s", "process_id", "coordinator",
-                                "heartbeat_timeout_s"})
+                                "heartbeat_timeout_s", "record_schedule"})
 """Config fields that may differ between a run and its resume (they do not change what is computed;
-a multi-host job may be relaunched on other hosts, with other process ids).
+a multi-host job may be relaunched on other hosts, with other process ids; a recording run is
+resumed without recording).
 A field absent from the checkpoint's config (added after it was written) is not one of these: it
 compares equal to its default (:func:`check_compatible`)."""
 

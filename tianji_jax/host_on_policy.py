@@ -162,7 +162,7 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
             raise ValueError("record_schedule=True writes RUN_DIR/schedule.jsonl; give train() a run_dir")
         runner.recorder = ScheduleRecorder(files.run_dir / SCHEDULE_FILE, num_actors=config.num_actors,
                                            item_steps=config.batch_size, max_policy_lag=config.policy_lag_bound,
-                                           start_version=runner.start_version)
+                                           start_version=runner.start_version, config=config.to_dict())
         runner.buffer.drop_log = []
 
     def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:

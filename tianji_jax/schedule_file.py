@@ -13,7 +13,8 @@ state and the rollout it consumes. A **schedule** fixes the timing-dependent par
 - the rollouts the lag gate dropped before it (same triples).
 
 File format (JSON lines, ``RUN_DIR/schedule.jsonl``): a header line ``{"format":
-"tianji-schedule/1", "num_actors", "item_steps", "max_policy_lag", "start_version"}`` and one
+"tianji-schedule/1", "num_actors", "item_steps", "max_policy_lag", "start_version", "config"}``
+(``config``: the recording run's, optional) and one
 line per update ``{"update": u, "actor": a, "rollout": r, "version": v, "dropped": [[a, r, v],
 ...]}``.
 
@@ -53,6 +54,7 @@ class Schedule:
         start_version: the learner version of the first recorded update (0: a run from its start).
         consumed: per update, in order, ``(actor, rollout, version)`` of the rollout it consumed.
         dropped: ``(actor, rollout, version)`` of every rollout the lag gate dropped.
+        config: the recording run's config (``to_dict()``), or None in a file without it.
     """
 
     num_actors: int
@@ -61,6 +63,12 @@ class Schedule:
     start_version: int
     consumed: tuple[tuple[int, int, int], ...]
     dropped: tuple[tuple[int, int, int], ...]
+    config: dict | None = None
+
+    @property
+    def max_lag(self) -> int:
+        """The largest lag of a consumed rollout (update minus its version); 0 when empty."""
+        return max((self.start_version + u - v for u, (_, _, v) in enumerate(self.consumed)), default=0)
 
     def versions(self) -> list[list[int]]:
         """Per actor, the version each of its rollouts acted with, by rollout number (rollouts
@@ -81,9 +89,9 @@ def load_schedule(path: str | Path) -> Schedule:
     Raises:
         FileNotFoundError: no such file.
         ValueError: not a schedule file, or one that is inconsistent (updates out of order, an
-            actor or rollout number out of range, an actor's rollouts with a gap or with versions
-            going backwards, a consumed rollout older than the lag bound, a version that was not
-            yet published when its rollout started); the message names the file and the line.
+            actor or rollout number out of range, a version above the update that consumed or
+            dropped it, an actor's rollouts with a gap or with versions going backwards, a
+            consumed rollout older than the lag bound); the message names the file and the line.
     """
     path = Path(path)
     with open(path) as f:
@@ -121,7 +129,9 @@ def load_schedule(path: str | Path) -> Schedule:
                              f"{u - got[2]} > max_policy_lag {lag}")
         consumed.append(got)
         dropped += drops
-    schedule = Schedule(n, steps, lag, start, tuple(consumed), tuple(dropped))
+    config = header.get("config")
+    schedule = Schedule(n, steps, lag, start, tuple(consumed), tuple(dropped),
+                        config if isinstance(config, dict) else None)
     seen: list[dict[int, int]] = [{} for _ in range(n)]
     for a, r, v in schedule.consumed + schedule.dropped:
         if r in seen[a]:
@@ -144,22 +154,24 @@ class ScheduleRecorder:
 
     Args:
         path: the file to write (created; an existing file is replaced).
-        num_actors, item_steps, max_policy_lag, start_version: the header (see :class:`Schedule`).
+        num_actors, item_steps, max_policy_lag, start_version, config: the header (see :class:`Schedule`;
+            ``config`` JSON-able, a replay compares its own with it).
     """
 
     def __init__(self, path: str | Path, *, num_actors: int, item_steps: int, max_policy_lag: int,
-                 start_version: int = 0):
+                 start_version: int = 0, config: dict | None = None):
         self.path = Path(path)
         self._file = open(self.path, "w")
         self._lock = threading.Lock()
         self._write({"format": FORMAT, "num_actors": num_actors, "item_steps": item_steps,
-                     "max_policy_lag": max_policy_lag, "start_version": start_version})
+                     "max_policy_lag": max_policy_lag, "start_version": start_version,
+                     **({} if config is None else {"config": config})})
 
     def _write(self, entry: dict) -> None:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            self._file.write(json.dumps(entry, separators=(",", ":"), default=str) + "\n")
             self._file.flush()
 
     def record(self, update: int, item: Any, dropped: list[tuple[int, int, int]]) -> None:

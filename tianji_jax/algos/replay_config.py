@@ -200,6 +200,9 @@ class ReplayConfig(_AgentConfig):
         if self.schedule not in ("sync", "relaxed", "auto"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed', 'auto'), got {self.schedule!r}")
         _check_float("replay_ratio_tolerance", self.replay_ratio_tolerance, low=1.0)
+        if self.schedule == "sync" and self.replay_ratio_tolerance != 1.0:
+            raise ValueError(f"replay_ratio_tolerance={self.replay_ratio_tolerance} applies to schedules 'relaxed' and "
+                             "'auto' (under 'sync' the limiter only reports); allowed: 1.0 (default) with 'sync'")
         _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
         groups = self.num_learner_groups
         if self.runtime == "async" and self.schedule == "sync" and self.num_actors != groups:

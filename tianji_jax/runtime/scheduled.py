@@ -134,6 +134,10 @@ class ScheduledQueue(TrajectoryQueue):
             self.limiter.record_sample(item.num_steps)
             return item
 
+    def knobs(self) -> dict[str, float]:
+        """No knob is in force when replaying (no admission control, no rate limit): NaN columns."""
+        return {"lag_window": float("nan"), "queue_limit": float("nan")}
+
     def depth(self) -> int:
         """Rollouts held now."""
         with self._cond:
@@ -156,7 +160,8 @@ class ScheduledRunner(AsyncRunner):
     Args:
         replay: the :class:`~tianji_jax.schedule_file.Schedule` to replay.
         **kwargs: as :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` (``schedule`` must
-            be ``"relaxed"``: the others are deterministic already; one learner group).
+            be ``"relaxed"``, which a config's ``'auto'`` also runs as: the others are
+            deterministic already; one learner group).
 
     Raises:
         ValueError: another schedule, learner groups, an actor count or rollout size other than
