@@ -144,6 +144,7 @@ def test_auto_runs_through_train_with_ppo_and_dqn(tmp_path):
     ("ppo", dict(schedule="auto", max_policy_lag=0), "max_policy_lag must be >= 1 for schedule 'auto'"),
     ("dqn", dict(replay_ratio_tolerance=0.5), "replay_ratio_tolerance"),
     ("dqn", dict(schedule="fast"), "'sync', 'relaxed', 'auto'"),
+    ("dqn", dict(schedule="sync", replay_ratio_tolerance=3.0), "applies to schedules 'relaxed' and 'auto'"),
 ])
 def test_bad_auto_settings_are_refused(cls, changes, match):
     import tianji_jax as tj
