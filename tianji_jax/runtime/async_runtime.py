@@ -279,26 +279,31 @@ class AsyncRunner:
             return False
 
     def _relaxed_actor_loop(self, actor_id: int) -> None:
-        act = self.actors[actor_id]
         group = self.group_of(actor_id)
         while not self.stop.is_set():
             if not self._admit(group):
                 return
             params, version = self.stores[group].latest()  # read after admission: the newest there is
-            with self.telemetry.span("actor_busy_s"):
-                out = act(params, version)
-            if out is None:  # stopped while the rollout was in flight
+            item = self._roll_out(actor_id, params, version)
+            if item is None:
                 return
-            data, steps = out
-            self.actor_logs[actor_id].append(version)
-            self.buffers[group].put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
-                                                   rollout=len(self.actor_logs[actor_id]) - 1),
-                                    0.0, self.stop, admitted=True)
+            self.buffers[group].put(item, 0.0, self.stop, admitted=True)
+
+    def _roll_out(self, actor_id: int, params: Any, version: int) -> TrajectoryItem | None:
+        """Actor ``actor_id``'s next rollout with ``params`` (stamped ``version``), logged in
+        :attr:`actor_logs` and numbered; None when the run stopped while it was in flight."""
+        with self.telemetry.span("actor_busy_s"):
+            out = self.actors[actor_id](params, version)
+        if out is None:
+            return None
+        data, steps = out
+        self.actor_logs[actor_id].append(version)
+        return TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
+                              rollout=len(self.actor_logs[actor_id]) - 1)
 
     def _actor_loop(self, actor_id: int) -> None:
         if self.schedule == "relaxed" and self.admission:
             return self._relaxed_actor_loop(actor_id)
-        act = self.actors[actor_id]
         store = self.stores[self.group_of(actor_id)]
         params, version = store.latest()
         pending: TrajectoryItem | None = None
@@ -322,14 +327,9 @@ class AsyncRunner:
                     if got is None:
                         return
                     params, version = got
-            with self.telemetry.span("actor_busy_s"):
-                out = act(params, version)
-            if out is None:  # stopped while the rollout was in flight
+            pending = self._roll_out(actor_id, params, version)
+            if pending is None:  # stopped while the rollout was in flight
                 return
-            data, steps = out
-            self.actor_logs[actor_id].append(version)
-            pending = TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
-                                     rollout=len(self.actor_logs[actor_id]) - 1)
             r += 1
 
     def _learner_loop(self, group: int = 0) -> None:

@@ -185,7 +185,6 @@ class ScheduledRunner(AsyncRunner):
         self._versions = replay.versions()
 
     def _actor_loop(self, actor_id: int) -> None:
-        act = self.actors[actor_id]
         for r, version in enumerate(self._versions[actor_id]):
             limit = self._stall_limit(self.updates_done[0] > 0)
             with self.telemetry.span("actor_wait_s"):
@@ -195,11 +194,7 @@ class ScheduledRunner(AsyncRunner):
                     return
                 raise StallError(f"actor {actor_id} waited {limit:g} s for params of version {version} (its "
                                  f"scheduled rollout {r}); last published version {self.store.version}")
-            with self.telemetry.span("actor_busy_s"):
-                out = act(params, version)
-            if out is None:  # stopped while the rollout was in flight
+            item = self._roll_out(actor_id, params, version)  # numbered r: its actor_logs entry
+            if item is None:  # stopped while the rollout was in flight
                 return
-            data, steps = out
-            self.actor_logs[actor_id].append(version)
-            self.buffer.put(TrajectoryItem(data=data, version=version, actor_id=actor_id, num_steps=steps,
-                                           rollout=r), 0.0, self.stop)
+            self.buffer.put(item, 0.0, self.stop)
