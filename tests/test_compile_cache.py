@@ -29,6 +29,7 @@ with warnings.catch_warnings(record=True) as caught:
             counts["compiles"] += 1
     jax.monitoring.register_event_listener(_event)
     jax.monitoring.register_event_duration_secs_listener(_duration)
+    PRE
     import tianji_jax as tj
     WORK
 counts["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
@@ -41,13 +42,13 @@ TRAIN = ("tj.train(tj.PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, upd
 JIT = "jax.block_until_ready(jax.jit(lambda x: x * 2 + 1)(jax.numpy.arange(3.0)))"
 
 
-def _run(work: str, **env: str) -> dict:
+def _run(work: str, pre: str = "", **env: str) -> dict:
     """Run ``work`` in a child process with the given environment overrides (the test session's
     cache variables removed); returns its counts, RuntimeWarnings and ``tj.cache_dir()``."""
     child_env = {k: v for k, v in os.environ.items()
                  if not k.startswith(("TIANJI_COMPILATION_CACHE", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
     child_env.update(env)
-    code = _COUNT.replace("WORK", work.replace("\n", "\n    "))
+    code = _COUNT.replace("PRE", pre.replace("\n", "\n    ") or "pass").replace("WORK", work.replace("\n", "\n    "))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("COUNTS")][-1]
@@ -123,3 +124,34 @@ def test_bad_max_bytes_warns_and_uses_the_default(tmp_path, value):
     got = _run(work, TIANJI_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), TIANJI_COMPILATION_CACHE_MAX_BYTES=value)
     assert got["max"] == 256 * 1024**2
     assert len(got["warnings"]) == 1 and "TIANJI_COMPILATION_CACHE_MAX_BYTES" in got["warnings"][0]
+
+
+# An async data-parallel learner (a pmean over two CPU devices) run from the learner thread.
+ASYNC_DATA_PARALLEL = ("tj.train(tj.PPOConfig(runtime='async', schedule='sync', num_learner_devices=2, "
+                       "total_env_steps=2048, eval_episodes=0), progress=False)")
+THREE_CPUS = "jax.config.update('jax_num_cpu_devices', 3)"
+
+
+def test_cached_multi_device_learner_runs_in_later_processes(tmp_path):
+    """Budget ~45 s (four child processes). Without the scheduler option tianji_jax sets at import,
+    the second and later processes loaded the data-parallel learner from the cache and crashed
+    (a segmentation fault in XLA's CPU all-reduce) in most runs."""
+    cache = tmp_path / "xla"
+    first = _run(ASYNC_DATA_PARALLEL, pre=THREE_CPUS, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    for _ in range(3):  # each a fresh process that loads every executable from the disk
+        again = _run(ASYNC_DATA_PARALLEL, pre=THREE_CPUS, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+        assert again["misses"] == 0 and again["hits"] > 0, again
+    assert first["warnings"] == [] and again["warnings"] == []
+
+
+def test_backend_started_before_import_turns_the_cache_off_for_collectives(tmp_path):
+    """Too late to set the option: the cache goes off (one warning) before the first program with
+    collectives, and the run then compiles instead of loading. Budget ~30 s."""
+    cache = tmp_path / "xla"
+    pre = THREE_CPUS + "\njax.devices()"
+    _run(ASYNC_DATA_PARALLEL, TIANJI_COMPILATION_CACHE_DIR=str(cache), pre=pre)
+    got = _run(ASYNC_DATA_PARALLEL + "\ncounts['after'] = None if tj.cache_dir() is None else 1",
+               TIANJI_COMPILATION_CACHE_DIR=str(cache), pre=pre)
+    warned = [w for w in got["warnings"] if "persistent compilation cache is now off" in w]
+    assert len(warned) == 1 and "xla_cpu_enable_concurrency_optimized_scheduler=false" in warned[0], got
+    assert got["after"] is None and got["cache_dir"] is None

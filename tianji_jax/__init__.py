@@ -10,8 +10,9 @@ Public API::
 """
 
 # First: JAX's persistent compilation cache (sets jax.config options only; starts no backend).
-from tianji_jax.caches import cache_dir, clear_caches, enable_persistent_cache
+from tianji_jax.caches import cache_dir, clear_caches, enable_persistent_cache, pin_cpu_collective_schedule
 
+pin_cpu_collective_schedule()
 enable_persistent_cache()
 
 from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm

@@ -35,7 +35,8 @@ import warnings
 from pathlib import Path
 from typing import Any, MutableMapping
 
-__all__ = ["clear_caches", "register", "enable_persistent_cache", "cache_dir", "default_cache_dir"]
+__all__ = ["clear_caches", "register", "enable_persistent_cache", "cache_dir", "default_cache_dir",
+           "pin_cpu_collective_schedule", "guard_cpu_collectives"]
 
 _REGISTERED: list[MutableMapping[Any, Any]] = []
 
@@ -46,6 +47,10 @@ DEFAULT_MAX_BYTES = 256 * 1024**2
 _OFF = ("0", "false", "off", "no")
 # The directory enable_persistent_cache set (None: off, or the user's own JAX setting is in use).
 _TIANJI_DIR: Path | None = None
+# XLA CPU option that keeps executables with cross-device collectives correct when they are
+# loaded from the persistent cache (see pin_cpu_collective_schedule).
+CPU_SCHEDULER_OPTION = "xla_cpu_enable_concurrency_optimized_scheduler"
+_CPU_COLLECTIVES_SAFE: bool | None = None  # set by pin_cpu_collective_schedule
 
 
 def register(cache: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:
@@ -151,6 +156,63 @@ def enable_persistent_cache() -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     _TIANJI_DIR = path
     return cache_dir()
+
+
+def pin_cpu_collective_schedule() -> bool:
+    """Append ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` to ``XLA_FLAGS`` before
+    JAX's backend starts (called once by ``import tianji_jax``); returns whether programs with
+    cross-device collectives are safe to load from the persistent cache in this process.
+
+    Why: with this jaxlib, a CPU executable holding all-reduces over several devices (a
+    data-parallel learner's ``pmean``) that is *loaded from the persistent cache* and run from a
+    thread other than the main one (the async runtime's learner thread) lets the devices enter
+    different all-reduces at once; the in-process rendezvous pairs them up wrongly and the process
+    dies with a segmentation fault (or ``rendezvous.h Check failed id < num_threads``) on the
+    second and later runs of the same config. Freshly compiled executables and executables
+    compiled with the concurrency-optimised scheduler off run correctly (measured on
+    CartPole PPO: no throughput loss). The option is part of the cache key, so entries written
+    without it are never read with it.
+
+    Left alone when the user's ``XLA_FLAGS`` already names the option (safe only if it is
+    ``false``), and when the backend already started (too late: :func:`guard_cpu_collectives`
+    then turns the persistent cache off before a run that needs collectives)."""
+    global _CPU_COLLECTIVES_SAFE
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_SCHEDULER_OPTION in flags:
+        value = flags.split(CPU_SCHEDULER_OPTION, 1)[1].lstrip("=").split(" ", 1)[0].strip().lower()
+        _CPU_COLLECTIVES_SAFE = value in ("false", "0")
+    else:
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            _CPU_COLLECTIVES_SAFE = False
+        else:
+            os.environ["XLA_FLAGS"] = f"{flags} --{CPU_SCHEDULER_OPTION}=false".strip()
+            _CPU_COLLECTIVES_SAFE = True
+    return _CPU_COLLECTIVES_SAFE
+
+
+def guard_cpu_collectives(devices: Any) -> None:
+    """Before compiling a program with collectives over ``devices`` (a data-parallel learner's
+    mesh): when they are CPU devices, the persistent cache is on and :func:`pin_cpu_collective_schedule`
+    could not set its option (JAX's backend had started before ``import tianji_jax``), turn the
+    persistent cache off for this process, with one ``RuntimeWarning`` saying why and how to keep
+    it (import tianji_jax before using JAX, or set the option in ``XLA_FLAGS``). A no-op otherwise."""
+    devices = list(devices)
+    if (len(devices) < 2 or devices[0].platform != "cpu" or _CPU_COLLECTIVES_SAFE is not False
+            or cache_dir() is None):
+        return
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    warnings.warn("tianji_jax: the persistent compilation cache is now off in this process: JAX's CPU backend "
+                  "started before `import tianji_jax`, so the XLA option that makes cached multi-device CPU "
+                  f"programs safe (--{CPU_SCHEDULER_OPTION}=false) could not be set, and loading such a "
+                  "program from the cache can crash the process. To keep the cache, import tianji_jax before "
+                  f"using JAX, or start Python with XLA_FLAGS=--{CPU_SCHEDULER_OPTION}=false.",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _max_bytes() -> int:

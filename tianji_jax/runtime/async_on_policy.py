@@ -19,7 +19,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent
@@ -155,7 +155,7 @@ class AsyncOnPolicy:
             self.global_learner_devices = self.learner_devices
             self.group_devices = devs[::config.num_learner_devices]  # one device per group when groups > 1
         self.learner_device = self.learner_devices[0]
-        self.mesh = (Mesh(np.asarray(self.global_learner_devices), ("data",))
+        self.mesh = (data_parallel.make_mesh(self.global_learner_devices)
                      if len(self.global_learner_devices) > 1 else None)
         key = (compile_key(config), tuple(d.id for d in self.global_learner_devices))
         with _LOCK:

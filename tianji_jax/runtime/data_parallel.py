@@ -27,6 +27,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tianji_jax import caches
+
 __all__ = ["mesh_devices", "make_mesh", "traj_spec", "on_policy_learn", "actor_specs", "shardings"]
 
 
@@ -46,7 +48,10 @@ def mesh_devices(num: int) -> list:
 
 
 def make_mesh(devices: list) -> Mesh:
-    """A one-axis mesh ``("data",)`` over ``devices`` (in that order)."""
+    """A one-axis mesh ``("data",)`` over ``devices`` (in that order), for programs with
+    collectives over it: on CPU devices it first makes sure such programs are not loaded from the
+    persistent compilation cache unsafely (:func:`tianji_jax.caches.guard_cpu_collectives`)."""
+    caches.guard_cpu_collectives(devices)
     return Mesh(np.asarray(devices), ("data",))
 
 

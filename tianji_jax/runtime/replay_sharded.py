@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tianji_jax import replay
+from tianji_jax.runtime.data_parallel import make_mesh
 
 __all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "block_fns", "make_multi_host_fns"]
 
@@ -80,7 +81,7 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
       replicated.
     """
     num = len(devices)
-    mesh = Mesh(list(devices), ("data",))
+    mesh = make_mesh(list(devices))
     shard = NamedSharding(mesh, P("data"))
     n_envs = parts.config.num_envs
 
@@ -143,7 +144,7 @@ def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
     """
     local_mesh, place, insert, _ = make_sharded_fns(parts, local_devices)
     num, per = len(global_devices), len(local_devices)
-    global_mesh = Mesh(np.asarray(global_devices), ("data",))
+    global_mesh = make_mesh(list(global_devices))
     g_shard, l_shard = NamedSharding(global_mesh, P("data")), NamedSharding(local_mesh, P("data"))
     order = {d: i for i, d in enumerate(local_devices)}
 
