@@ -108,15 +108,65 @@ def test_auto_keeps_the_replay_band_within_the_tolerance(num_actors, tolerance, 
     assert all(centre - tolerance * m - 1e-9 <= e for e in errors)  # never sampled past the band
 
 
+class _ScriptedWaits:
+    """A runner's telemetry and clock driven by the test: each period lasts 1 s and the two sides
+    wait the given seconds in it (no threads, no wall clock)."""
+
+    def __init__(self):
+        self.now, self.actor, self.learner = 0.0, 0.0, 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def period(self, actor_wait_s: float, learner_wait_s: float) -> None:
+        self.now += 1.0
+        self.actor += actor_wait_s
+        self.learner += learner_wait_s
+
+    def read(self, now: float) -> dict:
+        return {"actor_wait_s": self.actor, "learner_wait_s": self.learner}
+
+
+def _queue(ceiling: int):
+    runner = AsyncRunner(actors=[lambda p, v: (None, 8)] * 3, learn=lambda item, v: (v + 1, {}), initial_params=0,
+                         num_updates=100, item_steps=8, schedule="relaxed", max_policy_lag=ceiling, stall_timeout_s=30)
+    return runner.buffer
+
+
 def test_auto_widens_when_both_sides_wait_and_narrows_when_the_learner_is_saturated():
-    # three slow actors, a fast learner: at window 1 one actor works, the others wait, the learner
-    # waits for it -> the window opens
-    runner, lags, windows = _on_policy_run(3, 4, [20.0] * 3, 0.5, seed=0, updates=60)
-    assert max(windows) >= 3, windows
-    assert any(d[2] == "lag_window" and d[4] > d[3] for d in runner.balancer.decisions)
-    # one fast actor, a slow learner: the actor waits, the learner never does -> back to 1
-    runner, lags, windows = _on_policy_run(1, 4, [0.5, 0, 0], 15.0, seed=0, updates=30)
-    assert windows[-1] == 1 and max(lags[-10:]) <= 1
+    """The controller through the real TrajectoryQueue, with scripted wait times and an injected
+    clock (deterministic): both sides waiting opens the window one step per period up to the
+    ceiling; a learner that never waits while the actors do closes it back to 1; the gate dropping
+    rollouts narrows it whatever the waits."""
+    waits, buf = _ScriptedWaits(), _queue(ceiling=4)
+    balancer = AutoBalancer(4, num_actors=3, period=1, clock=waits.clock)
+    balancer.start([buf])
+    assert buf.admit_window == 1
+    balancer.after_update(0, buf, waits)  # the baseline
+    windows = []
+    for _ in range(5):  # 3 actors waited 1.5 s in all (0.5 each), the learner 0.5 s of each second
+        waits.period(1.5, 0.5)
+        balancer.after_update(0, buf, waits)
+        windows.append(buf.admit_window)
+    assert windows == [2, 3, 4, 4, 4]
+    assert buf.knobs()["queue_limit"] == 5  # max(2, W + 1)
+    for _ in range(4):  # the learner never waits, the actors do: narrow back
+        waits.period(1.5, 0.0)
+        balancer.after_update(0, buf, waits)
+        windows.append(buf.admit_window)
+    assert windows[5:] == [3, 2, 1, 1]
+    waits.period(1.5, 0.5)
+    balancer.after_update(0, buf, waits)
+    assert buf.admit_window == 2
+    buf.dropped_stale += 8  # the gate dropped a rollout: narrow although both sides waited
+    waits.period(1.5, 0.5)
+    balancer.after_update(0, buf, waits)
+    assert buf.admit_window == 1
+    waits.period(0.0, 0.9)  # only the learner waits (the actors are the bottleneck): nothing moves
+    balancer.after_update(0, buf, waits)
+    assert buf.admit_window == 1
+    assert [d[2:5] for d in balancer.decisions][:3] == [("lag_window", 1, 2), ("lag_window", 2, 3),
+                                                        ("lag_window", 3, 4)]
 
 
 @pytest.mark.timeout(600)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["AutoBalancer", "HIGH", "LOW", "PERIOD"]
 
@@ -65,6 +65,7 @@ class AutoBalancer:
         num_actors: actor threads feeding each learner group (actor wait seconds are summed over
             them, so the fraction divides by this).
         period: learner updates between decisions.
+        clock: seconds, monotonic (``time.perf_counter``; tests inject a scripted one).
 
     Attributes:
         decisions: ``(group, update, knob, old, new, actor_wait_frac, learner_wait_frac)`` of every
@@ -75,12 +76,12 @@ class AutoBalancer:
     """
 
     def __init__(self, ceiling: int, band_max_factor: float | None = None, num_actors: int = 1,
-                 period: int = PERIOD):
+                 period: int = PERIOD, clock: Callable[[], float] = time.perf_counter):
         if ceiling < 1 or num_actors < 1 or period < 1 or (band_max_factor is not None and band_max_factor < 1):
             raise ValueError(f"AutoBalancer: need ceiling >= 1, num_actors >= 1, period >= 1 and band_max_factor "
                              f">= 1; got {ceiling}, {num_actors}, {period}, {band_max_factor}")
         self.ceiling, self.band_max_factor = int(ceiling), band_max_factor
-        self.num_actors, self.period = int(num_actors), int(period)
+        self.num_actors, self.period, self.clock = int(num_actors), int(period), clock
         self.decisions: list[tuple] = []
         self._state: dict[int, _GroupState] = {}
         self._lock = threading.Lock()
@@ -100,7 +101,7 @@ class AutoBalancer:
         :class:`~tianji_jax.runtime.async_runtime.Telemetry`, summed over groups) and apply the change
         to ``buffer``."""
         with self._lock:
-            now = time.perf_counter()
+            now = self.clock()
             if group not in self._state:  # the first update (compilation, start-up waits): a baseline only
                 waits = telemetry.read(now)
                 self._state[group] = _GroupState(0, now, waits["actor_wait_s"], waits["learner_wait_s"],
