@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space
+from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space, import_gymnax
 
 __all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "ATARI_DEFAULTS"]
 
@@ -164,9 +164,7 @@ class EnvSpec:
 
 
 def _gymnax_ids() -> list[str]:
-    import gymnax
-
-    return list(gymnax.registered_envs)
+    return list(import_gymnax().registered_envs)
 
 
 def resolve_env(env: Any) -> EnvSpec:
@@ -208,9 +206,7 @@ def resolve_env(env: Any) -> EnvSpec:
             raise ValueError(
                 f"env={env!r}: unknown gymnax env id {env_id!r}; closest known ids: "
                 f"{close or known[:5]} (all: gymnax.registered_envs)")
-        import gymnax
-
-        obj, params = gymnax.make(env_id)
+        obj, params = import_gymnax().make(env_id)
         name = env_id
         if wrappers:
             from tianji_jax.envs.wrappers import apply_wrappers

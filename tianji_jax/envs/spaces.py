@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +55,46 @@ class Box:
         return hash((self.shape, np.dtype(self.dtype).str))
 
 
+# Plotting modules gymnax imports at module level for its render helpers only (pong: seaborn,
+# which pulls in scipy.stats; catch, rooms, point_robot: matplotlib.pyplot): about 2 s of every
+# run's start-up here, never used by training. While gymnax is imported they are stand-ins that
+# import the real module on first attribute use; the stand-ins are then taken out of
+# sys.modules, so any later `import seaborn` gets the real module, and gymnax's rendering still
+# works (through the stand-in it holds).
+_PLOTTING = ("matplotlib.pyplot", "seaborn")
+
+
+class _Deferred(types.ModuleType):
+    """A stand-in for module ``name``: the real module is imported on first attribute access."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def import_gymnax() -> Any:
+    """``import gymnax`` with the plotting modules it imports for rendering deferred to their first
+    use (see ``_PLOTTING``); returns the gymnax module. Modules already imported are left alone."""
+    if "gymnax" in sys.modules:
+        return sys.modules["gymnax"]
+    placed = [name for name in _PLOTTING if name not in sys.modules]
+    for name in placed:
+        sys.modules[name] = _Deferred(name)
+    try:
+        import gymnax
+    finally:
+        for name in placed:
+            if isinstance(sys.modules.get(name), _Deferred):
+                del sys.modules[name]
+    return gymnax
+
+
 def from_gymnax_space(space: Any) -> Discrete | Box:
     """Convert a gymnax space into :class:`Discrete` or :class:`Box`.
 
     Raises:
         TypeError: for other space types (Tuple, Dict, ...), naming the type found.
     """
-    import gymnax.environments.spaces as gs
+    gs = import_gymnax().environments.spaces
 
     if isinstance(space, gs.Discrete):
         return Discrete(int(space.n))

@@ -55,9 +55,9 @@ def _is_int(value: Any) -> bool:
 def _gspaces():
     """gymnax's spaces module, imported on first use: importing gymnax starts JAX's backend, which
     must not happen at import (multi-host processes join ``jax.distributed`` before it starts)."""
-    import gymnax.environments.spaces as gspaces
+    from tianji_jax.envs.spaces import import_gymnax
 
-    return gspaces
+    return import_gymnax().environments.spaces
 
 
 class Wrapper:

@@ -21,7 +21,7 @@ the program computes what the async ``sync`` schedule with ``L`` learner devices
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -459,6 +459,22 @@ def make_agent(config: Any) -> OnPolicyAgent | ReplayAgent:
         if key not in _AGENTS:
             _AGENTS[key] = agent_class_for(config)(key)
         return _AGENTS[key]
+
+
+_INITS: dict[Any, tuple[Callable, Callable]] = register({})
+
+
+def jitted_inits(config: Any) -> tuple[Callable, Callable]:
+    """``(init_learner, init_actor)`` of ``config``'s agent, each jitted once per compile key: an
+    async run's start-up builds its states with one compiled program each instead of dozens of
+    op-by-op dispatches (each op its own compilation: about 1-2 s cold per run on CPU). The same
+    values as the eager calls (Anakin's chunk runs them inside its own program)."""
+    key = compile_key(config)
+    with _CACHE_LOCK:
+        if key not in _INITS:
+            agent = make_agent(key)
+            _INITS[key] = (jax.jit(agent.init_learner), jax.jit(agent.init_actor))
+        return _INITS[key]
 
 
 def host_metrics(metrics: dict[str, Any]) -> dict[str, np.ndarray]:

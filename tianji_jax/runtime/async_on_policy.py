@@ -135,7 +135,7 @@ class AsyncOnPolicy:
     """
 
     def __init__(self, config: OnPolicyConfig, store: ParamStore | None = None, restore: dict | None = None):
-        from tianji_jax.runtime.anakin import compile_key, make_agent
+        from tianji_jax.runtime.anakin import compile_key, jitted_inits, make_agent
 
         self.config = config
         self.multi = config.num_processes > 1  # multi-host learners (runtime/distributed.py)
@@ -169,6 +169,7 @@ class AsyncOnPolicy:
         if config.env_spec.on_host:  # host actors time their two halves apart (gymnax fuses them)
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        init_learner, init_actor = jitted_inits(config)
         self.learner_states: list[LearnerState] = [None]
         env_seed = config.seed
         if self.multi:  # same seed everywhere: identical replicas without communication; own actor streams
@@ -181,9 +182,9 @@ class AsyncOnPolicy:
             self.learner_state = (dist.replicate(restore["learner"], self._replicated) if self.multi else
                                   jax.device_put(restore["learner"], self._replicated))
         elif self.multi:
-            self.learner_state = dist.replicate(self.parts.init_learner(k_learner), self._replicated)
+            self.learner_state = dist.replicate(init_learner(k_learner), self._replicated)
         else:
-            init = self.parts.init_learner(k_learner)
+            init = init_learner(k_learner)
             self.learner_states = [jax.device_put(init if g == 0 else init.replace(key=jax.random.fold_in(init.key, g)),
                                                   self._replicated if g == 0 else self.group_devices[g])
                                    for g in range(groups)]
@@ -223,7 +224,7 @@ class AsyncOnPolicy:
                     raise ValueError(f"restore['actors']: need {config.num_actors} actor states (num_actors), got "
                                      f"{None if states is None else len(states)}")
             else:
-                states = [self.parts.init_actor(k) for k in actor_keys]
+                states = [init_actor(k) for k in actor_keys]
             self._actor_states = [jax.device_put(st, self.actor_device) for st in states]
             self._obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]

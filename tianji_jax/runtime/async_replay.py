@@ -91,7 +91,7 @@ class AsyncReplay:
     """
 
     def __init__(self, config: Any, restore: dict | None = None):
-        from tianji_jax.runtime.anakin import compile_key, make_agent
+        from tianji_jax.runtime.anakin import compile_key, jitted_inits, make_agent
 
         self.config = config
         num_learners, groups = config.num_learner_devices, config.num_learner_groups
@@ -139,6 +139,7 @@ class AsyncReplay:
             self._place = lambda *tree, group=0: jax.device_put(tree, self.group_devices[group])
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        init_learner, init_actor = jitted_inits(config)
         env_seed = None
         if self.multi:  # same learner seed everywhere (identical replicas); each process its own actors and envs
             k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
@@ -147,7 +148,7 @@ class AsyncReplay:
         on_host = config.env_spec.on_host
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
-            learner, actors = self.parts.init_learner(k_learner), None
+            learner, actors = init_learner(k_learner), None
             replay = (replay_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True,
                                                          total_shards=num_learners * procs)
                       if num_learners > 1 or self.multi
@@ -198,7 +199,7 @@ class AsyncReplay:
             actors = list(self.remote.clients if self.remote is not None else self.host_actors)
         else:
             if actors is None:
-                actors = [self.parts.init_actor(k) for k in keys]
+                actors = [init_actor(k) for k in keys]
             self._actor_states = [jax.device_put(a, self.actor_device) for a in actors]
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         self.consumed_actor_states: list = list(self._actor_states)  # after each actor's newest chunk taken
