@@ -268,8 +268,12 @@ def test_a_recording_run_cannot_be_resumed(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         tj.train(config, run_dir=tmp_path / "run", progress=False, callback=interrupt)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
     with pytest.raises(ValueError, match="allowed: resume with record_schedule=False"):
         tj.train(config, run_dir=tmp_path / "run", resume=True, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before  # refused before any write
+    with pytest.raises(ValueError, match="give train\\(\\) a run_dir"):
+        tj.train(config, progress=False)
     recorded = (tmp_path / "run" / "schedule.jsonl").read_text()
     tj.train(config.replace(record_schedule=False), run_dir=tmp_path / "run", resume=True, progress=False)
     assert (tmp_path / "run" / "schedule.jsonl").read_text() == recorded  # the part recorded before is kept

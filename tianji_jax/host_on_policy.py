@@ -156,10 +156,8 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
                 "learner_states": list(wired.learner_states), "cut": cut}
 
     runner.extra_snapshot = extra
-    if config.record_schedule:  # which rollout each update consumes, and what the gate drops
-        if files.run_dir is None:
-            wired.close()
-            raise ValueError("record_schedule=True writes RUN_DIR/schedule.jsonl; give train() a run_dir")
+    if config.record_schedule:  # which rollout each update consumes, and what the gate drops (train()
+        # refused a missing run_dir and a resume before the run dir was touched)
         runner.recorder = ScheduleRecorder(files.run_dir / SCHEDULE_FILE, num_actors=config.num_actors,
                                            item_steps=config.batch_size, max_policy_lag=config.policy_lag_bound,
                                            start_version=runner.start_version, config=config.to_dict())

@@ -174,6 +174,15 @@ def train(
         raise ValueError("profile=True needs run_dir (the trace and timers.json go to run_dir/profile/)")
     if profile and not resume:  # before the trace touches it
         check_new_run_dir(run_dir)
+    if getattr(config, "record_schedule", False):  # before the run dir is touched
+        if run_dir is None:
+            raise ValueError("record_schedule=True writes RUN_DIR/schedule.jsonl; give train() a run_dir")
+        if resume:
+            raise ValueError("record_schedule=True: a schedule covers a run from its start, so a resumed run does "
+                             "not record; allowed: resume with record_schedule=False (RUN_DIR/schedule.jsonl keeps "
+                             "the updates recorded before the interruption)")
+    if getattr(config, "replay_schedule", None) and resume:
+        raise ValueError("replay_schedule: a replay runs from the schedule's start; allowed: a new run")
     opts = dict(run_dir=run_dir, progress=progress, callback=callback, resume=resume, checkpoint=checkpoint,
                 tensorboard=tensorboard, wandb=wandb, check_versions=check_versions)
     run = report_end(algo.train_fn())  # a summary line off a terminal

@@ -229,12 +229,6 @@ class AsyncOnPolicy:
             self._obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
         try:
-            if config.record_schedule and restore is not None:
-                raise ValueError("record_schedule=True: a schedule covers a run from its start, so a resumed run does "
-                                 "not record; allowed: resume with record_schedule=False (RUN_DIR/schedule.jsonl keeps "
-                                 "the updates recorded before the interruption)")
-            if config.replay_schedule and restore is not None:
-                raise ValueError("replay_schedule: a replay runs from the schedule's start; allowed: a new run")
             runner = dict(actors=actors, learn=self._learn_item,
                           initial_params=self._published(self.local_learner_state.params),
                           num_updates=config.updates_per_group, item_steps=config.batch_size,
