@@ -30,6 +30,7 @@ replaying runner is :mod:`tianji_jax.runtime.scheduled`.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -94,6 +95,16 @@ def load_schedule(path: str | Path) -> Schedule:
             consumed rollout older than the lag bound); the message names the file and the line.
     """
     path = Path(path)
+    st = path.stat()  # FileNotFoundError
+    # parsed once per file version: every config validation (each replace()) checks the file
+    return _parse(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(name: str, mtime_ns: int, size: int) -> Schedule:
+    """:func:`load_schedule`'s work, memoised on the file's path, modification time and size
+    (a file changed in place is parsed again; errors are never cached)."""
+    path = Path(name)
     with open(path) as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
     where = f"replay_schedule={str(path)!r}"
