@@ -318,8 +318,10 @@ def test_apply_wrappers_returns_canonical_suffix():
     ("gymnax:CartPole-v1|clip_action=1", r"wrapper 'clip_action' got value '1'; allowed: no value"),
     ("gymnax:CartPole-v1|clip_action", r"wrapper 'clip_action'.*Discrete is not a Box"),
     ("gymnax:CartPol-v1|mask=0", r"unknown gymnax env id 'CartPol-v1'"),
-    ("envpool:Pong-v5|frame_stack=4", r"wrappers apply to gymnax envs; host envs \(envpool\) not yet"),
-    ("gymnasium:CartPole-v1|mask=0", r"wrappers apply to gymnax envs; host envs \(gymnasium\) not yet"),
+    ("envpool:CartPole-v1|clip_action", r"ClipAction: action space Discrete\(2\) is not a Box"),
+    ("gymnasium:CartPole-v1|mask=0,9", r"keep=\(0, 9\) for observation shape \(4,\).*0\.\.3"),
+    ("envpool:CartPole-v1|frame_stack=0", r"num_frames=0.*allowed: an integer >= 1"),
+    ("envpool:CartPole-v1|frame_stack=two", r"wrapper 'frame_stack' got value 'two'; allowed: an integer >= 1"),
 ])
 def test_bad_ids_refused_in_one_line(env, pattern):
     with pytest.raises(ValueError, match=pattern) as info:

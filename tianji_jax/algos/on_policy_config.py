@@ -54,7 +54,9 @@ class OnPolicyConfig(_AgentConfig):
     """Environment: ``"gymnax:<id>"`` (or a bare gymnax id), ``"envpool:<id>"`` or
     ``"gymnasium:<id>"`` (host envs, async runtime only), or a gymnax-style environment object
     with ``reset(key, params)``, ``step(key, state, action, params)``, ``default_params``,
-    ``observation_space(params)`` and ``action_space(params)``."""
+    ``observation_space(params)`` and ``action_space(params)``. An id may end in ``|``-separated
+    wrappers, on every backend: ``|mask=0,2``, ``|frame_stack=4``, ``|clip_action``; host ids also
+    take ``|latency_ms=D`` (a slow simulator)."""
     seed: int = run(0)
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000

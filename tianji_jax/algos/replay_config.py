@@ -64,7 +64,7 @@ class ReplayConfig(_AgentConfig):
                                        help_behavior_hint="(default: gymnax:CartPole-v1)")] = "gymnax:CartPole-v1"
     """Environment (the algorithm names the action spaces it takes): ``"gymnax:<id>"`` (or a bare gymnax id),
     ``"envpool:<id>"`` or ``"gymnasium:<id>"`` (host envs, runtime='async' only), or a gymnax-style
-    environment object (see PPOConfig.env)."""
+    environment object; ids may end in ``|``-separated wrappers (see PPOConfig.env)."""
     seed: int = run(0)
     """Seed of the run's PRNG key; in [0, 2**32)."""
     total_env_steps: int = 500_000

@@ -71,20 +71,19 @@ def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str 
         name, e.g. ``"|latency_ms=5"``.
 
     Raises:
-        ValueError: one line: a gymnax wrapper name (wrappers apply to gymnax envs, not host envs
-            yet), an unknown modifier (lists the allowed ones), a modifier given twice, or a value
+        ValueError: one line: an unknown modifier (lists the allowed modifiers and wrappers; the
+            wrappers themselves are parsed by the caller, :func:`~tianji_jax.envs.wrappers.parse_wrapper_term`),
+            a modifier given twice, or a value
             that is not a finite number in ``[0, MAX_LATENCY_MS]`` (negative, above 10000, ``nan``,
             ``inf``, not a number, missing).
     """
     prefix = f"env={env_text!r}: " if env_text else ""
-    allowed = f"allowed modifiers on host envs ({backend}): {list(HOST_WRAPPER_SYNTAX)}"
+    allowed = (f"allowed on host envs ({backend}): modifiers {list(HOST_WRAPPER_SYNTAX)} and wrappers "
+               f"{list(_device_wrapper_names())}")
     values: dict[str, Any] = {}
     suffix = ""
     for term in terms:
         name, eq, value = (s.strip() for s in term.strip().partition("="))
-        if name not in HOST_WRAPPER_SYNTAX and name in _device_wrapper_names():
-            raise ValueError(f"{prefix}{name!r} is a device env wrapper: wrappers apply to gymnax envs; host envs "
-                             f"({backend}) not yet; {allowed}")
         if name not in HOST_WRAPPER_SYNTAX:
             raise ValueError(f"{prefix}unknown host env modifier {name!r} (in {term.strip()!r}); {allowed}")
         if name in values:

@@ -46,6 +46,10 @@ class EnvSpec:
         latency_ms: host backends: milliseconds each batched step of a training env takes at least
             (``"envpool:<id>|latency_ms=5"``; 0.0: no added latency), see
             :class:`~tianji_jax.envs.latency.LatencyVecEnv` and :meth:`make_host_env`.
+        host_wrappers: host backends: the parsed wrapper terms of the id, in order
+            (``(("mask", (0, 2)), ("frame_stack", 4))``; :mod:`tianji_jax.envs.host_wrappers`), applied
+            to training and evaluation envs; :attr:`observation_space` / :attr:`action_space` are the
+            wrapped env's.
 
     Specs compare by identity (``eq=False``); configs compare by their ``env`` string, so two
     configs with the same ``env`` string (latency included) are equal.
@@ -59,6 +63,7 @@ class EnvSpec:
     action_space: Discrete | Box
     episode_limit: int | None = None
     latency_ms: float = 0.0
+    host_wrappers: tuple = ()
 
     @property
     def base_id(self) -> str:
@@ -127,10 +132,16 @@ class EnvSpec:
                          f"(allowed: {list(HOST_BACKENDS)})")
 
     def _with_latency(self, env: Any, evaluation: bool) -> Any:
+        """``env`` with the training latency (not for evaluation), then the id's host wrappers."""
         if self.latency_ms > 0 and not evaluation:
             from tianji_jax.envs.latency import LatencyVecEnv
 
-            return LatencyVecEnv(env, self.latency_ms)
+            env = LatencyVecEnv(env, self.latency_ms)
+        if self.host_wrappers:
+            from tianji_jax.envs.host_wrappers import host_wrapper
+
+            for term in self.host_wrappers:
+                env = host_wrapper(env, term)
         return env
 
     @property
@@ -249,7 +260,13 @@ def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tu
                        else "gymnasium.registry")
     except ValueError as err:
         raise ValueError(f"env={env!r}: {err}") from None
-    values, suffix = parse_host_modifiers(modifiers, env, backend)
+    from tianji_jax.envs.wrappers import WRAPPER_SYNTAX, parse_wrapper_term, wrapper_tag
+
+    prefix = f"env={env!r}: "
+    terms = [parse_wrapper_term(t, prefix) for t in modifiers if t.strip().partition("=")[0].strip() in WRAPPER_SYNTAX]
+    values, suffix = parse_host_modifiers([t for t in modifiers if t.strip().partition("=")[0].strip()
+                                           not in WRAPPER_SYNTAX], env, backend)
+    suffix = "".join(f"|{wrapper_tag(*t)}" for t in terms) + suffix
     if backend == "envpool":
         import envpool
 
@@ -270,5 +287,12 @@ def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tu
         raise ValueError(f"env={env!r}: {err}") from None
     if not isinstance(obs_space, Box):
         raise ValueError(f"env={env!r}: observation space must be a Box, got {obs_space!r}")
+    if terms:
+        from tianji_jax.envs.host_wrappers import wrapped_spaces
+
+        try:
+            obs_space, act_space = wrapped_spaces(obs_space, act_space, terms)
+        except ValueError as err:
+            raise ValueError(f"{prefix}{err}") from None
     return EnvSpec(backend, env_id + suffix, None, None, obs_space, act_space, None if limit is None else int(limit),
-                   latency_ms=values.get("latency_ms", 0.0))
+                   latency_ms=values.get("latency_ms", 0.0), host_wrappers=tuple(terms))

@@ -14,8 +14,8 @@ inner env has it) ``num_actions``. Wrappers compose and run through
 
 Id syntax (see :func:`apply_wrappers`): ``"gymnax:<id>|<wrapper>|<wrapper>..."``, applied left to
 right, innermost first, e.g. ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
-``"gymnax:Pendulum-v1|clip_action"``. Host backends (envpool, gymnasium) take none of these
-wrappers yet; they take the host modifier ``latency_ms`` instead (:data:`HOST_WRAPPER_SYNTAX`,
+``"gymnax:Pendulum-v1|clip_action"``. Host backends (envpool, gymnasium) take the same wrappers
+with the same semantics (:mod:`tianji_jax.envs.host_wrappers`), and the host modifier ``latency_ms`` (:data:`HOST_WRAPPER_SYNTAX`,
 :class:`~tianji_jax.envs.latency.LatencyVecEnv`): ``"envpool:CartPole-v1|latency_ms=5"`` makes each
 batched step of a training env take at least 5 milliseconds (a slow external simulator), which a
 gymnax id refuses (device envs step inside compiled code).
@@ -210,6 +210,27 @@ class ObservationMask(Wrapper):
         return _gspaces().Box(low, high, (len(self.keep),), space.dtype)
 
 
+def stack_frames(frames: Any, xp: Any = jnp) -> Any:
+    """``(k, *obs_shape)`` frames (oldest first) in :class:`FrameStack`'s layout: 1-D ``(k * D,)``,
+    channels-last images ``(H, W, k * C)``, any other rank ``(*obs_shape, k)``. ``xp``: ``jnp`` or
+    ``np`` (the host envs' :class:`~tianji_jax.envs.host_wrappers.HostFrameStack` uses the same)."""
+    if frames.ndim == 2:
+        return xp.reshape(frames, (-1,))
+    if frames.ndim == 4:  # (k, H, W, C) -> (H, W, k * C)
+        k, h, w, c = frames.shape
+        return xp.reshape(xp.moveaxis(frames, 0, 2), (h, w, k * c))
+    return xp.moveaxis(frames, 0, -1)
+
+
+def stacked_bounds(low: np.ndarray, high: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of ``num_frames`` stacked observations with bounds ``low``/``high`` (float64, already
+    of the observation's shape): the ``k - 1`` older slots widened to include 0 (the fill value)."""
+    older = num_frames - 1  # slots that may hold the zero fill; the newest never does
+    lo = np.stack([np.minimum(low, 0.0)] * older + [low])
+    hi = np.stack([np.maximum(high, 0.0)] * older + [high])
+    return stack_frames(lo, np), stack_frames(hi, np)
+
+
 @struct.dataclass
 class FrameStackState:
     """State of :class:`FrameStack`.
@@ -257,8 +278,6 @@ class FrameStack(Wrapper):
         if not isinstance(space, _gspaces().Box):
             raise ValueError(f"FrameStack: observation space {type(space).__name__} is not a Box; allowed: a Box")
         self.num_frames = int(num_frames)
-        self._concat = len(space.shape) == 1
-        self._channels = len(space.shape) == 3  # channels-last image: frames folded into channels
 
     @property
     def tag(self) -> str:
@@ -266,12 +285,7 @@ class FrameStack(Wrapper):
         return f"frame_stack={self.num_frames}"
 
     def _stack(self, frames: jax.Array, xp: Any = jnp) -> jax.Array:
-        if self._concat:
-            return xp.reshape(frames, (-1,))
-        if self._channels:  # (k, H, W, C) -> (H, W, k * C)
-            k, h, w, c = frames.shape
-            return xp.reshape(xp.moveaxis(frames, 0, 2), (h, w, k * c))
-        return xp.moveaxis(frames, 0, -1)
+        return stack_frames(frames, xp)
 
     def _fresh(self, obs: jax.Array) -> jax.Array:
         obs = jnp.asarray(obs)
@@ -300,12 +314,8 @@ class FrameStack(Wrapper):
         """Box of the stacked shape (see the class docstring); the older slots' bounds include 0."""
         space = self._env.observation_space(params)
         shape = tuple(int(s) for s in space.shape)
-        low = np.broadcast_to(np.asarray(space.low, np.float64), shape)
-        high = np.broadcast_to(np.asarray(space.high, np.float64), shape)
-        older = self.num_frames - 1  # slots that may hold the zero fill; the newest never does
-        low = np.stack([np.minimum(low, 0.0)] * older + [low])
-        high = np.stack([np.maximum(high, 0.0)] * older + [high])
-        low, high = self._stack(low, np), self._stack(high, np)
+        low, high = stacked_bounds(np.broadcast_to(np.asarray(space.low, np.float64), shape),
+                                   np.broadcast_to(np.asarray(space.high, np.float64), shape), self.num_frames)
         return _gspaces().Box(low, high, low.shape, space.dtype)
 
 
@@ -352,6 +362,41 @@ def _ints(value: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def parse_wrapper_term(term: str, prefix: str = "") -> tuple[str, Any]:
+    """One wrapper term of the id syntax as ``(name, value)``: ``("mask", (0, 2))``,
+    ``("frame_stack", 4)``, ``("clip_action", None)`` (device and host envs share the syntax).
+
+    Raises:
+        ValueError: one line (starting with ``prefix``): an unknown name (lists the allowed ones) or
+            a value that does not parse (gives the allowed values).
+    """
+    name, eq, value = (s.strip() for s in term.strip().partition("="))
+    if name not in WRAPPER_SYNTAX:
+        raise ValueError(f"{prefix}unknown wrapper {name!r} (in {term.strip()!r}); allowed wrappers: "
+                         f"{list(WRAPPER_SYNTAX)}")
+    try:
+        if name == "clip_action":
+            if eq:
+                raise _Unparsed(value)
+            return name, None
+        values = _ints(value)
+        if name == "mask":
+            return name, values
+        if len(values) != 1:  # frame_stack's own range check is FrameStack's
+            raise _Unparsed(value)
+        return name, values[0]
+    except _Unparsed:
+        got = f"value {value!r}" if eq else "no value"
+        raise ValueError(f"{prefix}wrapper {name!r} got {got}; allowed: {WRAPPER_SYNTAX[name]}") from None
+
+
+def wrapper_tag(name: str, value: Any) -> str:
+    """The canonical spelling of a parsed term (``"mask=0,2"``, ``"frame_stack=4"``, ``"clip_action"``)."""
+    if name == "clip_action":
+        return name
+    return f"{name}=" + (",".join(str(i) for i in value) if name == "mask" else str(value))
+
+
 def apply_wrappers(env: Any, terms: Sequence[str], env_text: str = "") -> tuple[Any, str]:
     """Wrap ``env`` in the wrappers named by ``terms`` (the ``|``-separated parts of an env id after
     the base id), left to right, innermost first.
@@ -376,28 +421,14 @@ def apply_wrappers(env: Any, terms: Sequence[str], env_text: str = "") -> tuple[
     prefix = f"env={env_text!r}: " if env_text else ""
     suffix = ""
     for term in terms:
-        name, eq, value = (s.strip() for s in term.strip().partition("="))
-        if name in HOST_WRAPPER_SYNTAX:
-            raise ValueError(f"{prefix}{name!r} applies to host envs (envpool:, gymnasium:) only, since device envs "
-                             f"step inside compiled code; allowed wrappers: {list(WRAPPER_SYNTAX)}")
-        if name not in WRAPPER_SYNTAX:
-            raise ValueError(f"{prefix}unknown wrapper {name!r} (in {term.strip()!r}); allowed wrappers: "
+        if term.strip().partition("=")[0].strip() in HOST_WRAPPER_SYNTAX:
+            raise ValueError(f"{prefix}{term.strip().partition('=')[0].strip()!r} applies to host envs (envpool:, "
+                             f"gymnasium:) only, since device envs step inside compiled code; allowed wrappers: "
                              f"{list(WRAPPER_SYNTAX)}")
-        bad = f"{prefix}wrapper {name!r} got " + (f"value {value!r}" if eq else "no value")
+        name, value = parse_wrapper_term(term, prefix)
         try:
-            if name == "clip_action":
-                if eq:
-                    raise _Unparsed(value)
-                env = ClipAction(env)
-            elif name == "mask":
-                env = ObservationMask(env, _ints(value))
-            else:
-                values = _ints(value)
-                if len(values) != 1:
-                    raise _Unparsed(value)
-                env = FrameStack(env, values[0])
-        except _Unparsed:
-            raise ValueError(f"{bad}; allowed: {WRAPPER_SYNTAX[name]}") from None
+            env = ClipAction(env) if name == "clip_action" else (
+                ObservationMask(env, value) if name == "mask" else FrameStack(env, value))
         except ValueError as err:
             raise ValueError(f"{prefix}wrapper {term.strip()!r}: {err}") from None
         suffix += f"|{env.tag}"
