@@ -47,6 +47,9 @@ def _run(work: str, pre: str = "", **env: str) -> dict:
     cache variables removed); returns its counts, RuntimeWarnings and ``tj.cache_dir()``."""
     child_env = {k: v for k, v in os.environ.items()
                  if not k.startswith(("TIANJI_COMPILATION_CACHE", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    # the test session's own import of tianji_jax appended its XLA option: children decide for themselves
+    child_env["XLA_FLAGS"] = " ".join(f for f in child_env.get("XLA_FLAGS", "").split()
+                                      if "xla_cpu_enable_concurrency_optimized_scheduler" not in f)
     child_env.update(env)
     code = _COUNT.replace("PRE", pre.replace("\n", "\n    ") or "pass").replace("WORK", work.replace("\n", "\n    "))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=300)

@@ -49,9 +49,11 @@ class _HostWrapper:
         return getattr(self.env, name)
 
     def reset(self) -> Any:
+        """The inner env's reset (a ``HostStep`` of every env)."""
         return self.env.reset()
 
     def step(self, actions: Any, env_id: Any = None) -> Any:
+        """The inner env's step (a ``HostStep``)."""
         return self.env.step(actions, env_id)
 
     def close(self) -> None:
