@@ -321,6 +321,7 @@ def test_apply_wrappers_returns_canonical_suffix():
     ("envpool:CartPole-v1|clip_action", r"ClipAction: action space Discrete\(2\) is not a Box"),
     ("gymnasium:CartPole-v1|mask=0,9", r"keep=\(0, 9\) for observation shape \(4,\).*0\.\.3"),
     ("envpool:CartPole-v1|frame_stack=0", r"num_frames=0.*allowed: an integer >= 1"),
+    ("envpool:Breakout-v5|frame_stack=2", r"envpool already stacks its frames"),
     ("envpool:CartPole-v1|frame_stack=two", r"wrapper 'frame_stack' got value 'two'; allowed: an integer >= 1"),
 ])
 def test_bad_ids_refused_in_one_line(env, pattern):

@@ -274,6 +274,9 @@ def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tu
         with host.quiet_envpool_spaces():
             obs, act = espec.gymnasium_observation_space, espec.gymnasium_action_space
         limit = getattr(espec.config, "max_episode_steps", None)
+        if "episodic_life" in espec._config_keys and any(name == "frame_stack" for name, _ in terms):
+            raise ValueError(f"{prefix}frame_stack on an envpool Atari game: envpool already stacks its frames "
+                             "channels-first (stack_num=4); allowed: the id without |frame_stack")
     else:
         import gymnasium
 
