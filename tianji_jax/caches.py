@@ -178,9 +178,9 @@ def pin_cpu_collective_schedule() -> bool:
     then turns the persistent cache off before a run that needs collectives)."""
     global _CPU_COLLECTIVES_SAFE
     flags = os.environ.get("XLA_FLAGS", "")
-    if CPU_SCHEDULER_OPTION in flags:
-        value = flags.split(CPU_SCHEDULER_OPTION, 1)[1].lstrip("=").split(" ", 1)[0].strip().lower()
-        _CPU_COLLECTIVES_SAFE = value in ("false", "0")
+    given = [f for f in flags.split() if f.lstrip("-").partition("=")[0] == CPU_SCHEDULER_OPTION]
+    if given:  # XLA keeps the last occurrence
+        _CPU_COLLECTIVES_SAFE = given[-1].partition("=")[2].strip().lower() in ("false", "0")
     else:
         from jax._src import xla_bridge
 
