@@ -38,7 +38,8 @@ HOST_WRAPPERS = ("mask", "frame_stack", "clip_action")
 
 
 class _HostWrapper:
-    """Read-through base: every attribute not set here is the inner env's; a context manager."""
+    """Read-through base of the host env wrappers (here and :class:`~tianji_jax.envs.latency.LatencyVecEnv`):
+    every attribute not set here is the inner env's; ``close`` closes the inner env; a context manager."""
 
     def __init__(self, env: Any):
         self.env = env

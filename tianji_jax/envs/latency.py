@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tianji_jax.envs.host_wrappers import _HostWrapper
+
 __all__ = ["LatencyVecEnv", "HOST_WRAPPER_SYNTAX", "MAX_LATENCY_MS", "parse_host_modifiers"]
 
 MAX_LATENCY_MS = 10_000.0
@@ -97,7 +99,7 @@ def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str 
     return values, suffix
 
 
-class LatencyVecEnv:
+class LatencyVecEnv(_HostWrapper):
     """A host vector env whose steps take at least ``latency_ms`` milliseconds (a slow simulator).
 
     Each :meth:`step` (and :meth:`reset`) calls the inner env, then waits for whatever is left of
@@ -141,17 +143,12 @@ class LatencyVecEnv:
         if (isinstance(latency_ms, (bool, np.bool_)) or not isinstance(latency_ms, (int, float, np.integer, np.floating))
                 or not math.isfinite(latency_ms) or not 0 <= latency_ms <= MAX_LATENCY_MS):
             raise ValueError(f"latency_ms={latency_ms!r}: allowed: {HOST_WRAPPER_SYNTAX['latency_ms']}")
-        self.env = env
+        super().__init__(env)
         self.latency_ms = float(latency_ms)
         self._delay_s = self.latency_ms / 1000.0
         self._clock, self._sleep = clock, sleep
         self._sent = np.full((int(env.num_envs),), -math.inf)  # per env: when its action was sent
         self.waited_s = 0.0
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "env":  # not set yet (e.g. during unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.env, name)
 
     @property
     def unwrapped(self) -> Any:
@@ -200,16 +197,6 @@ class LatencyVecEnv:
         self._sent[sent] = t0
         self._wait(out.env_id)
         return out
-
-    def close(self) -> None:
-        """Close the inner env (idempotent where the inner env's ``close`` is)."""
-        self.env.close()
-
-    def __enter__(self) -> "LatencyVecEnv":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<LatencyVecEnv latency_ms={_canonical(self.latency_ms)} {self.env!r}>"
