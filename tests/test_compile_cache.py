@@ -158,3 +158,25 @@ def test_backend_started_before_import_turns_the_cache_off_for_collectives(tmp_p
     warned = [w for w in got["warnings"] if "persistent compilation cache is now off" in w]
     assert len(warned) == 1 and "xla_cpu_enable_concurrency_optimized_scheduler=false" in warned[0], got
     assert got["after"] is None and got["cache_dir"] is None
+
+
+GUARD = "tj.caches.guard_cpu_collectives(jax.devices())\ncounts['after'] = None if tj.cache_dir() is None else 1"
+
+
+@pytest.mark.parametrize("pre, work, env, reason", [
+    (THREE_CPUS + "\njax.devices()", GUARD, {}, "backend started before `import tianji_jax`"),
+    (THREE_CPUS, GUARD, {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"},
+     "XLA_FLAGS sets --xla_cpu_enable_concurrency_optimized_scheduler=true"),
+    (THREE_CPUS, "import os\nos.environ['XLA_FLAGS'] = ''\n" + GUARD, {}, "replaced after `import tianji_jax`"),
+    (THREE_CPUS, GUARD, {}, None),
+], ids=["backend-first", "user-true", "replaced-after-import", "safe"])
+def test_collectives_guard_names_its_reason(tmp_path, pre, work, env, reason):
+    """Budget ~5 s each (one child process, no training): the guard turns the cache off exactly when
+    the scheduler option is not in force, and its one warning says which way it was lost."""
+    got = _run(work, pre=pre, TIANJI_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), **env)
+    warned = [w for w in got["warnings"] if "persistent compilation cache is now off" in w]
+    if reason is None:
+        assert warned == [] and got["after"] == 1, got
+    else:
+        assert len(warned) == 1 and reason in warned[0], got
+        assert got["after"] is None, got

@@ -277,3 +277,14 @@ def test_a_recording_run_cannot_be_resumed(tmp_path):
     recorded = (tmp_path / "run" / "schedule.jsonl").read_text()
     tj.train(config.replace(record_schedule=False), run_dir=tmp_path / "run", resume=True, progress=False)
     assert (tmp_path / "run" / "schedule.jsonl").read_text() == recorded  # the part recorded before is kept
+
+
+def test_a_loaded_schedules_config_is_the_callers_own(tmp_path):
+    """load_schedule is memoised per file version; a caller that edits the config dict it got
+    must not change what the next caller reads."""
+    path = tmp_path / "s.jsonl"
+    _write(path, {**HEADER, "config": {"seed": 3, "nested": {"a": 1}}}, [])
+    first = load_schedule(path)
+    first.config["seed"] = 99
+    first.config["nested"]["a"] = 2
+    assert load_schedule(path).config == {"seed": 3, "nested": {"a": 1}}

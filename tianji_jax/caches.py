@@ -50,7 +50,8 @@ _TIANJI_DIR: Path | None = None
 # XLA CPU option that keeps executables with cross-device collectives correct when they are
 # loaded from the persistent cache (see pin_cpu_collective_schedule).
 CPU_SCHEDULER_OPTION = "xla_cpu_enable_concurrency_optimized_scheduler"
-_CPU_COLLECTIVES_SAFE: bool | None = None  # set by pin_cpu_collective_schedule
+# Why cached multi-device CPU programs are unsafe as decided at import (None: safe, or not decided yet)
+_CPU_COLLECTIVES_UNSAFE: str | None = None  # set by pin_cpu_collective_schedule
 
 
 def register(cache: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:
@@ -176,42 +177,71 @@ def pin_cpu_collective_schedule() -> bool:
     Left alone when the user's ``XLA_FLAGS`` already names the option (safe only if it is
     ``false``), and when the backend already started (too late: :func:`guard_cpu_collectives`
     then turns the persistent cache off before a run that needs collectives)."""
-    global _CPU_COLLECTIVES_SAFE
+    global _CPU_COLLECTIVES_UNSAFE
     flags = os.environ.get("XLA_FLAGS", "")
-    given = [f for f in flags.split() if f.lstrip("-").partition("=")[0] == CPU_SCHEDULER_OPTION]
-    if given:  # XLA keeps the last occurrence
-        _CPU_COLLECTIVES_SAFE = given[-1].partition("=")[2].strip().lower() in ("false", "0")
+    setting = _scheduler_setting(flags)
+    if setting is not None:
+        _CPU_COLLECTIVES_UNSAFE = None if _is_false(setting) else (
+            f"XLA_FLAGS sets --{CPU_SCHEDULER_OPTION}={setting}")
     else:
         from jax._src import xla_bridge
 
         if xla_bridge.backends_are_initialized():
-            _CPU_COLLECTIVES_SAFE = False
+            _CPU_COLLECTIVES_UNSAFE = ("JAX's CPU backend started before `import tianji_jax`, so the option "
+                                       f"--{CPU_SCHEDULER_OPTION}=false could not be set")
         else:
             os.environ["XLA_FLAGS"] = f"{flags} --{CPU_SCHEDULER_OPTION}=false".strip()
-            _CPU_COLLECTIVES_SAFE = True
-    return _CPU_COLLECTIVES_SAFE
+            _CPU_COLLECTIVES_UNSAFE = None
+    return _CPU_COLLECTIVES_UNSAFE is None
+
+
+def _scheduler_setting(flags: str) -> str | None:
+    """The value ``XLA_FLAGS`` gives the scheduler option (XLA keeps the last occurrence; any
+    whitespace separates flags), or None when it is not named."""
+    given = [f for f in flags.split() if f.lstrip("-").partition("=")[0] == CPU_SCHEDULER_OPTION]
+    return given[-1].partition("=")[2].strip() if given else None
+
+
+def _is_false(setting: str) -> bool:
+    return setting.lower() in ("false", "0")
+
+
+def _collectives_unsafe_reason() -> str | None:
+    """Why a cached multi-device CPU program may crash this process, or None when it is safe.
+    ``XLA_FLAGS`` is read again: a user who replaced it after ``import tianji_jax`` (and before
+    JAX's backend started) dropped the option that import appended."""
+    if _CPU_COLLECTIVES_UNSAFE is not None:
+        return _CPU_COLLECTIVES_UNSAFE
+    setting = _scheduler_setting(os.environ.get("XLA_FLAGS", ""))
+    if setting is None:
+        return f"XLA_FLAGS no longer holds --{CPU_SCHEDULER_OPTION}=false (it was replaced after `import tianji_jax`)"
+    if not _is_false(setting):
+        return f"XLA_FLAGS now sets --{CPU_SCHEDULER_OPTION}={setting}"
+    return None
 
 
 def guard_cpu_collectives(devices: Any) -> None:
     """Before compiling a program with collectives over ``devices`` (a data-parallel learner's
-    mesh): when they are CPU devices, the persistent cache is on and :func:`pin_cpu_collective_schedule`
-    could not set its option (JAX's backend had started before ``import tianji_jax``), turn the
-    persistent cache off for this process, with one ``RuntimeWarning`` saying why and how to keep
-    it (import tianji_jax before using JAX, or set the option in ``XLA_FLAGS``). A no-op otherwise."""
+    mesh): when they are CPU devices, the persistent cache is on and the scheduler option is not
+    in force (JAX's backend started before ``import tianji_jax``; the user's ``XLA_FLAGS`` sets it
+    to true, or was replaced after the import), turn the persistent cache off for this process,
+    with one ``RuntimeWarning`` giving that reason and how to keep the cache (import tianji_jax
+    before using JAX, and keep ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` in
+    ``XLA_FLAGS``). A no-op otherwise."""
     devices = list(devices)
-    if (len(devices) < 2 or devices[0].platform != "cpu" or _CPU_COLLECTIVES_SAFE is not False
-            or cache_dir() is None):
+    if len(devices) < 2 or devices[0].platform != "cpu" or cache_dir() is None:
+        return
+    reason = _collectives_unsafe_reason()
+    if reason is None:
         return
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()
-    warnings.warn("tianji_jax: the persistent compilation cache is now off in this process: JAX's CPU backend "
-                  "started before `import tianji_jax`, so the XLA option that makes cached multi-device CPU "
-                  f"programs safe (--{CPU_SCHEDULER_OPTION}=false) could not be set, and loading such a "
-                  "program from the cache can crash the process. To keep the cache, import tianji_jax before "
-                  f"using JAX, or start Python with XLA_FLAGS=--{CPU_SCHEDULER_OPTION}=false.",
+    warnings.warn(f"tianji_jax: the persistent compilation cache is now off in this process: {reason}, and "
+                  "loading a multi-device CPU program from the cache can crash the process. To keep the cache, "
+                  f"import tianji_jax before using JAX and keep --{CPU_SCHEDULER_OPTION}=false in XLA_FLAGS.",
                   RuntimeWarning, stacklevel=3)
 
 

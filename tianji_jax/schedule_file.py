@@ -30,6 +30,8 @@ replaying runner is :mod:`tianji_jax.runtime.scheduled`.
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 import functools
 import json
 import threading
@@ -96,8 +98,10 @@ def load_schedule(path: str | Path) -> Schedule:
     """
     path = Path(path)
     st = path.stat()  # FileNotFoundError
-    # parsed once per file version: every config validation (each replace()) checks the file
-    return _parse(str(path), st.st_mtime_ns, st.st_size)
+    # parsed once per file version: every config validation (each replace()) checks the file;
+    # each caller gets its own copy of the mutable config dict, so the cached one stays as read
+    schedule = _parse(str(path), st.st_mtime_ns, st.st_size)
+    return schedule if schedule.config is None else dataclasses.replace(schedule, config=copy.deepcopy(schedule.config))
 
 
 @functools.lru_cache(maxsize=8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -62,30 +63,42 @@ class Box:
 # sys.modules, so any later `import seaborn` gets the real module, and gymnax's rendering still
 # works (through the stand-in it holds).
 _PLOTTING = ("matplotlib.pyplot", "seaborn")
+# Held while the stand-ins are in sys.modules: a second thread resolving a gymnax env waits for
+# the first import to finish, and a stand-in touched meanwhile (another thread that ran
+# `import seaborn` in that window) imports the real module instead of finding itself again.
+_GYMNAX_LOCK = threading.RLock()
 
 
 class _Deferred(types.ModuleType):
     """A stand-in for module ``name``: the real module is imported on first attribute access."""
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self.__name__), attr)
+        with _GYMNAX_LOCK:
+            if sys.modules.get(self.__name__) is self:  # touched while gymnax is being imported
+                del sys.modules[self.__name__]
+            module = importlib.import_module(self.__name__)
+        return getattr(module, attr)
 
 
 def import_gymnax() -> Any:
     """``import gymnax`` with the plotting modules it imports for rendering deferred to their first
-    use (see ``_PLOTTING``); returns the gymnax module. Modules already imported are left alone."""
-    if "gymnax" in sys.modules:
-        return sys.modules["gymnax"]
-    placed = [name for name in _PLOTTING if name not in sys.modules]
-    for name in placed:
-        sys.modules[name] = _Deferred(name)
-    try:
-        import gymnax
-    finally:
+    use (see ``_PLOTTING``); returns the gymnax module. Modules already imported are left alone.
+    Thread-safe: a caller never gets a half-imported gymnax."""
+    with _GYMNAX_LOCK:
+        if "gymnax" in sys.modules:
+            import gymnax  # waits for an import another thread started outside this function
+
+            return gymnax
+        placed = [name for name in _PLOTTING if name not in sys.modules]
         for name in placed:
-            if isinstance(sys.modules.get(name), _Deferred):
-                del sys.modules[name]
-    return gymnax
+            sys.modules[name] = _Deferred(name)
+        try:
+            import gymnax
+        finally:
+            for name in placed:
+                if isinstance(sys.modules.get(name), _Deferred):
+                    del sys.modules[name]
+        return gymnax
 
 
 def from_gymnax_space(space: Any) -> Discrete | Box:

@@ -65,7 +65,9 @@ class AutoBalancer:
         num_actors: actor threads feeding each learner group (actor wait seconds are summed over
             them, so the fraction divides by this).
         period: learner updates between decisions.
-        clock: seconds, monotonic (``time.perf_counter``; tests inject a scripted one).
+        clock: seconds, monotonic; must be the clock the telemetry's spans use (``time.perf_counter``,
+            as :class:`~tianji_jax.runtime.async_runtime.Telemetry` does), since open spans are read up
+            to its ``now``; tests inject a scripted one together with a telemetry fed on that clock.
 
     Attributes:
         decisions: ``(group, update, knob, old, new, actor_wait_frac, learner_wait_frac)`` of every
