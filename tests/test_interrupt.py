@@ -143,3 +143,24 @@ def test_a_directory_of_the_users_own_files_is_never_overwritten(tmp_path):
     assert (own / "notes.txt").read_text() == "mine" and sorted(p.name for p in own.iterdir()) == ["notes.txt"]
     with pytest.raises(ValueError, match="empty string"):
         tj.train(tj.PPOConfig(total_env_steps=1024), run_dir="", progress=False)
+
+
+def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_row():
+    """A SIGINT whose KeyboardInterrupt is lost (raised inside a garbage-collection callback, which
+    Python reports as "ignored") still stops ``tianji train``: the latch's per-row check raises it.
+    The previous SIGINT handler comes back afterwards."""
+    import tianji_jax as tj
+    from tianji_jax.run_status import SigintLatch
+
+    previous = signal.getsignal(signal.SIGINT)
+    rows = []
+    with SigintLatch() as latch:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # lost, as in a gc callback
+        with pytest.raises(KeyboardInterrupt):
+            tj.train(tj.PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_env_steps=256,
+                                  eval_episodes=0), progress=False,
+                     callback=lambda row: (rows.append(row), latch.check(row)))
+    assert len(rows) == 1 and signal.getsignal(signal.SIGINT) is previous

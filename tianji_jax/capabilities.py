@@ -12,7 +12,8 @@ Dimensions of a cell (:class:`Cell`):
 * ``layout`` of the learners: ``"single"`` (one device), ``"data_parallel"``
   (``num_learner_devices > 1``), ``"groups"`` (``num_learner_groups > 1``) or ``"multi_host"``
   (``num_processes > 1``, ``jax.distributed``);
-* ``env``: ``"gymnax"`` (on the device), ``"envpool"`` or ``"gymnasium"`` (on the host).
+* ``env``: ``"gymnax"`` (on the device: gymnax and the JAX suites craftax, jumanji, xminigrid),
+  ``"envpool"`` or ``"gymnasium"`` (on the host).
 
 Rules are checked in order; the first that matches a cell gives its reason. A cell no rule
 matches is supported. :func:`table` enumerates every cell, :func:`markdown` renders it (the
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
-           "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log"]
+           "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log",
+           "ACTION_MASK_RULES", "check_action_mask"]
 
 ALGOS = ("ppo", "pqn", "dqn", "sac")
 DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay", "sac": "replay"}
@@ -203,6 +205,27 @@ def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
                          "schedule of a run that finished, or stopped early at a row with stop_at_return)")
 
 
+ACTION_MASK_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("normalize_observations", lambda cfg: getattr(cfg, "normalize_observations", False),
+     "the action mask rides in the observation's last entries, which normalisation would rescale"),
+)
+"""Options refused on an env with an action mask: ``(field, when(config), reason)``."""
+
+
+def check_action_mask(config: Any, mask_size: int) -> None:
+    """Refuse an option :data:`ACTION_MASK_RULES` lists when the env has an action mask.
+
+    Raises:
+        ValueError: one line naming the field, the reason and what is allowed.
+    """
+    if not mask_size:
+        return
+    for field, when, why in ACTION_MASK_RULES:
+        if when(config):
+            raise ValueError(f"{field}={getattr(config, field)!r} is not supported with env {config.env!r}, which has "
+                             f"an action mask: {why}; allowed: {field}=False")
+
+
 def field_reason(algo: str, field: str) -> str | None:
     """Why ``algo`` does not take the config field ``field`` that another algorithm takes, or None."""
     return FIELD_REASONS.get((algo, field))
@@ -249,6 +272,8 @@ def markdown() -> str:
         algos += [algo] if algo not in algos else []
     lines += [f"- {', '.join(f'`{f}`' for f in fields)}: not {', '.join(algos)}: {why}"
               for why, (fields, algos) in by_reason.items()]
+    lines += ["", "Options refused on an env with an action mask (Jumanji tasks):", ""]
+    lines += [f"- `{field}`: {why}" for field, _, why in ACTION_MASK_RULES]
     lines += ["", "`record_schedule` / `replay_schedule` (async, on-policy) are refused where:", ""]
     lines += [f"- {why}" for _, why in SCHEDULE_LOG_RULES]
     return "\n".join(lines) + "\n"
@@ -263,7 +288,8 @@ def cell_of(algo: str, config: Any, env_backend: str) -> Cell:
         layout = "multi_host"
     elif getattr(config, "num_learner_devices", 1) > 1:
         layout = "data_parallel"
-    return Cell(algo, config.runtime, getattr(config, "actor_backend", "threads"), layout, env_backend)
+    env = env_backend if env_backend in _HOST else "gymnax"  # every device env runs as gymnax's do
+    return Cell(algo, config.runtime, getattr(config, "actor_backend", "threads"), layout, env)
 
 
 def check(algo: str, config: Any, env_backend: str) -> None:

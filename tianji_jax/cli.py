@@ -24,6 +24,7 @@ from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algori
 from tianji_jax.cli_argv import (algo_of, check_choices, check_foreign_flags, check_ints, flag_value,
                                  whole_floats_to_ints)
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
+from tianji_jax.run_status import SigintLatch
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
 
@@ -246,7 +247,8 @@ def _train(argv: list[str]) -> int:
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     started = time.time()
     try:
-        result = train(config, run_dir=run_dir, progress=args.progress, **extras)
+        with SigintLatch() as latch:
+            result = train(config, run_dir=run_dir, progress=args.progress, callback=latch.check, **extras)
     except (FileExistsError, NotADirectoryError, CheckpointError, ValueError, ImportError) as err:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
-           "summary_line", "eval_cost", "average_rate", "report_end"]
+           "summary_line", "eval_cost", "average_rate", "report_end", "SigintLatch"]
 
 
 def metrics_rows(run_dir: str | Path) -> int:
@@ -174,3 +174,36 @@ def report_end(run: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return wrapped
+
+
+class SigintLatch:
+    """Ctrl-C that cannot be lost: Python raises ``KeyboardInterrupt`` wherever the main thread is,
+    and when that is a garbage-collection callback (JAX registers one) the exception is printed as
+    "ignored" and training goes on. Inside the ``with`` block SIGINT also sets a flag, and
+    :meth:`check` (the run's per-row callback) raises ``KeyboardInterrupt`` when it is set; so the
+    run stops at the next metrics row at the latest. The previous handler is restored on exit."""
+
+    def __enter__(self) -> "SigintLatch":
+        import signal
+        import threading
+
+        self.hit = threading.Event()
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum: int, frame: object) -> None:
+                self.hit.set()
+                raise KeyboardInterrupt
+
+            self._previous = signal.signal(signal.SIGINT, handler)
+        return self
+
+    def check(self, row: object = None) -> None:
+        """Raise ``KeyboardInterrupt`` if SIGINT came since ``__enter__``."""
+        if self.hit.is_set():
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self._previous)

@@ -21,6 +21,7 @@ from flax import struct
 
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
+from tianji_jax.envs.suites import masked
 
 __all__ = ["ActorState", "LearnerState", "OnPolicyAgent", "TRAJECTORY_KEYS", "RECURRENT_TRAJECTORY_KEYS"]
 
@@ -109,6 +110,7 @@ class OnPolicyAgent:
         self.config = config
         spec = config.env_spec
         self.continuous = spec.action_kind == "continuous"
+        self.mask_size = spec.action_mask_size  # trailing observation entries that are the action mask
         self.spec = spec
         self.recurrent = getattr(config, "recurrent", "none") != "none"
         self.env = GymnaxVecEnv(spec, config.num_envs) if not spec.on_host else None  # host envs: per actor
@@ -148,8 +150,10 @@ class OnPolicyAgent:
         """Recurrent agents: one step of ``self.network`` (a
         :class:`~tianji_jax.recurrent.RecurrentActorCritic` or a subclass) ``(carry, obs (B,
         *obs_shape) float32, reset (B,) bool) -> (carry, actor_out, value (B,))``, the carry zeroed
-        first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous)``."""
-        return self.network.apply(params, carry, obs, reset)
+        first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous)``. An
+        env's action mask masks ``actor_out`` (:func:`~tianji_jax.envs.suites.masked`)."""
+        carry, actor_out, value = self.network.apply(params, carry, obs, reset)
+        return carry, self._masked(actor_out, obs), value
 
     def apply_sequence(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
         """Recurrent agents: ``T`` steps (:meth:`~tianji_jax.recurrent.RecurrentActorCritic.sequence`):
@@ -157,7 +161,14 @@ class OnPolicyAgent:
         ...), value (T, B))``."""
         from tianji_jax.recurrent import RecurrentActorCritic
 
-        return self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
+        carries, actor_out, value = self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
+        return carries, self._masked(actor_out, obs), value
+
+    def _masked(self, actor_out: Any, obs: jax.Array) -> Any:
+        """Discrete ``actor_out`` (logits or Q-values) with the actions the env's action mask (the
+        observation's last :attr:`mask_size` entries) forbids set to
+        :data:`~tianji_jax.envs.suites.MASKED`; anything else unchanged."""
+        return actor_out if self.continuous or not self.mask_size else masked(actor_out, obs, self.mask_size)
 
     def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
                     version: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:

@@ -172,6 +172,7 @@ class ReplayAgent:
         self.obs_shape = tuple(spec.observation_shape)
         self.obs_dtype = jax.dtypes.canonicalize_dtype(spec.observation_space.dtype)
         self.continuous = spec.action_kind == "continuous"
+        self.mask_size = spec.action_mask_size  # trailing observation entries that are the action mask
         self.action_shape = tuple(spec.action_space.shape) if self.continuous else ()
         self.action_dtype = jnp.float32 if self.continuous else jnp.int32
         obs = jax.ShapeDtypeStruct(self.obs_shape, self.obs_dtype)

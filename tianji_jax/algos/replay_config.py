@@ -246,6 +246,7 @@ class ReplayConfig(_AgentConfig):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
+        capabilities.check_action_mask(self, spec.action_mask_size)
         _check_host_fields(self, spec)
         _check_ray(self, spec)
         _check_async_only(self, fields_in(self, "tianji"))

@@ -14,11 +14,15 @@ import numpy as np
 
 from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space, import_gymnax
 
-__all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "ATARI_DEFAULTS"]
+__all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "DEVICE_BACKENDS", "SUITE_BACKENDS",
+           "ATARI_DEFAULTS"]
 
-BACKENDS = ("gymnax", "envpool", "gymnasium")
-"""Env backends known to the resolver. ``gymnax`` runs on a JAX device (both runtimes); ``envpool``
-and ``gymnasium`` run on the host (:mod:`tianji_jax.envs.host`, async runtime only)."""
+SUITE_BACKENDS = ("craftax", "jumanji", "xminigrid")
+"""The JAX env suites (optional extras, :data:`tianji_jax.envs.suites.SUITES`): device envs like gymnax."""
+DEVICE_BACKENDS = ("gymnax", *SUITE_BACKENDS)
+BACKENDS = (*DEVICE_BACKENDS, "envpool", "gymnasium")
+"""Env backends known to the resolver. ``gymnax`` and the suites run on a JAX device (both runtimes);
+``envpool`` and ``gymnasium`` run on the host (:mod:`tianji_jax.envs.host`, async runtime only)."""
 
 HOST_BACKENDS = ("envpool", "gymnasium")
 ATARI_DEFAULTS = {"episodic_life": True, "reward_clip": True, "repeat_action_probability": 0.0}
@@ -50,6 +54,9 @@ class EnvSpec:
             (``(("mask", (0, 2)), ("frame_stack", 4))``; :mod:`tianji_jax.envs.host_wrappers`), applied
             to training and evaluation envs; :attr:`observation_space` / :attr:`action_space` are the
             wrapped env's.
+        action_mask_size: envs with action masks (Jumanji tasks): the observation's last
+            ``action_mask_size`` entries are the allowed actions (1.0 allowed, 0.0 not;
+            :func:`tianji_jax.envs.suites.action_mask`); 0: no mask.
 
     Specs compare by identity (``eq=False``); configs compare by their ``env`` string, so two
     configs with the same ``env`` string (latency included) are equal.
@@ -64,6 +71,7 @@ class EnvSpec:
     episode_limit: int | None = None
     latency_ms: float = 0.0
     host_wrappers: tuple = ()
+    action_mask_size: int = 0
 
     @property
     def base_id(self) -> str:
@@ -211,6 +219,8 @@ def resolve_env(env: Any) -> EnvSpec:
             raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}")
         if backend in HOST_BACKENDS:
             return _resolve_host(env, backend, env_id, wrappers)
+        if backend in SUITE_BACKENDS:
+            return _resolve_suite(env, backend, env_id, wrappers)
         known = _gymnax_ids()
         if env_id not in known:
             close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.4)
@@ -246,6 +256,28 @@ def resolve_env(env: Any) -> EnvSpec:
     if np.dtype(obs_space.dtype).kind not in "fiub":
         raise ValueError(f"env={name!r}: observation dtype {obs_space.dtype} is not numeric")
     return EnvSpec(backend, name, obj, params, obs_space, act_space)
+
+
+def _resolve_suite(env: str, backend: str, env_id: str, wrappers: list[str]) -> EnvSpec:
+    """A JAX suite's id (:mod:`tianji_jax.envs.suites`), with the device wrappers; an env with an
+    action mask takes none (the mask must stay the observation's last entries)."""
+    from tianji_jax.envs.suites import make_suite_env
+
+    obj = make_suite_env(backend, env_id.strip(), env)
+    name = obj.name
+    if wrappers:
+        if obj.action_mask_size:
+            raise ValueError(f"env={env!r}: wrappers on an env with an action mask (its observation ends with the "
+                             "mask) are not supported; allowed: the id without |wrappers")
+        from tianji_jax.envs.wrappers import apply_wrappers
+
+        obj, suffix = apply_wrappers(obj, wrappers, env)
+        name += suffix
+    params = obj.default_params
+    obs_space = from_gymnax_space(obj.observation_space(params))
+    act_space = from_gymnax_space(obj.action_space(params))
+    return EnvSpec(backend, name, obj, params, obs_space, act_space,
+                   action_mask_size=getattr(obj, "action_mask_size", 0))
 
 
 def _resolve_host(env: str, backend: str, env_id: str, modifiers: list[str] | tuple[str, ...] = ()) -> EnvSpec:

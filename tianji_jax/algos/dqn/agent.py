@@ -29,6 +29,7 @@ from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss
 from tianji_jax.algos import guard
 from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
+from tianji_jax.envs.suites import masked, random_allowed
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
 
 __all__ = ["DQNAgent", "DQNActorState", "DQNLearnerState", "FRAME_KEYS", "actor_epsilons", "make_q_network",
@@ -100,10 +101,12 @@ class DQNAgent(ReplayAgent):
 
     # ---- network ------------------------------------------------------------------------------
     def apply(self, params: Any, obs: jax.Array) -> jax.Array:
-        """Q-values: ``obs (B, *obs_shape)`` -> ``(B, A)`` float32 (a distributional head's mean)."""
+        """Q-values: ``obs (B, *obs_shape)`` -> ``(B, A)`` float32 (a distributional head's mean);
+        actions an env's action mask forbids get :data:`~tianji_jax.envs.suites.MASKED`, so the
+        greedy action, the double-Q argmax and the bootstrap maximum are masked."""
         out = self.network.apply(params, obs)
         kind = self.config.distributional
-        return out if kind == "none" else expected_q(out, kind, self.support)
+        return masked(out if kind == "none" else expected_q(out, kind, self.support), obs, self.mask_size)
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """``(B,)`` int32 ``argmax_a Q(obs, a)`` (ties: lowest index); the evaluation policy."""
@@ -116,7 +119,7 @@ class DQNAgent(ReplayAgent):
         k_explore, k_random = keys
         b = obs.shape[0]
         greedy = self.greedy_action(params, obs)
-        random_action = jax.random.randint(k_random, (b,), 0, self.num_actions, dtype=jnp.int32)
+        random_action = random_allowed(k_random, obs, self.mask_size, self.num_actions)  # masked: among allowed
         explore_now = jax.random.uniform(k_explore, (b,)) < explore
         return jnp.where(explore_now, random_action, greedy)
 
@@ -231,8 +234,8 @@ class DQNAgent(ReplayAgent):
         cfg = self.config
         if cfg.distributional != "none":  # C51 / QR-DQN: per-item losses are also the new priorities
             out, next_target = self.network.apply(params, batch.obs), self.network.apply(target_params, batch.next_obs)
-            select = self.apply(params, batch.next_obs) if cfg.double_q else expected_q(next_target, cfg.distributional,
-                                                                                         self.support)
+            select = self.apply(params, batch.next_obs) if cfg.double_q else masked(
+                expected_q(next_target, cfg.distributional, self.support), batch.next_obs, self.mask_size)
             per_item = distributional_loss(cfg.distributional, out, next_target, select, batch.action, batch.reward,
                                            batch.discount, self.support)
             w = jnp.ones_like(per_item) if weights is None else jax.lax.stop_gradient(weights)

@@ -73,13 +73,16 @@ class PPOAgent(OnPolicyAgent):
             config.update_epochs * config.num_minibatches)
 
     def apply(self, params: Any, obs: jax.Array):
-        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))`` (feed-forward only).
+        """Network forward: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))`` (feed-forward only);
+        with an env's action mask the forbidden actions' logits are
+        :data:`~tianji_jax.envs.suites.MASKED` (sampling, the ratio, entropy and the mode follow).
 
         Raises:
             TypeError: the network is recurrent (use :meth:`apply_step`)."""
         if self.recurrent:
             raise TypeError("a recurrent network needs its carry: use apply_step(params, carry, obs, reset)")
-        return self.network.apply(params, obs)
+        actor_out, value = self.network.apply(params, obs)
+        return self._masked(actor_out, obs), value  # an env's action mask: masked logits
 
     def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
                     version: jax.Array):

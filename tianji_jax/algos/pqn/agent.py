@@ -20,6 +20,7 @@ from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metr
 from tianji_jax.algos.ppo.math import make_optimizer
 from tianji_jax.algos.pqn.config import PQNConfig
 from tianji_jax.algos.pqn.math import PQNBatch, epsilon_at, epsilon_greedy, pqn_update, q_lambda_returns
+from tianji_jax.envs.suites import action_mask, masked
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
 from tianji_jax.recurrent import RecurrentQNetwork
 
@@ -75,8 +76,9 @@ class PQNAgent(OnPolicyAgent):
                                  config.update_epochs * config.num_minibatches)
 
     def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
-        """``obs (B, *obs_shape)`` -> ``Q (B, A)`` float32."""
-        return self.network.apply(params, obs)
+        """``obs (B, *obs_shape)`` -> ``Q (B, A)`` float32; actions an env's action mask forbids get
+        :data:`~tianji_jax.envs.suites.MASKED` (so greedy, the bootstrap max and the value are masked)."""
+        return masked(self.network.apply(params, obs), obs, self.mask_size)
 
     def epsilon(self, version: jax.Array) -> jax.Array:
         """float32 exploration epsilon of params ``version``: linear in the env steps
@@ -94,16 +96,16 @@ class PQNAgent(OnPolicyAgent):
     def policy(self, params: Any, obs: jax.Array, key: jax.Array, version: jax.Array):
         """Epsilon-greedy step: ``(action, action, log_prob (B,), max_a Q (B,))``."""
         q = self.q_values(params, obs)
-        action, log_prob = epsilon_greedy(key, q, self.epsilon(version))
+        action, log_prob = epsilon_greedy(key, q, self.epsilon(version), action_mask(obs, self.mask_size))
         return action, action, log_prob, jnp.max(q, axis=-1)
 
     def policy_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array, key: jax.Array,
                     version: jax.Array):
         """Recurrent epsilon-greedy step: ``(carry, action, action, log_prob (B,), max_a Q (B,))``
         after one :meth:`apply_step` (Q-values in place of the logits)."""
-        carry, q, max_q = self.apply_step(params, carry, obs, reset)
-        action, log_prob = epsilon_greedy(key, q, self.epsilon(version))
-        return carry, action, action, log_prob, max_q
+        carry, q, _ = self.apply_step(params, carry, obs, reset)  # q masked with an action mask
+        action, log_prob = epsilon_greedy(key, q, self.epsilon(version), action_mask(obs, self.mask_size))
+        return carry, action, action, log_prob, jnp.max(q, axis=-1)
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
         """Greedy env action ``argmax_a Q(obs, a)`` (int32 ``(B,)``) for raw ``obs``."""

@@ -199,7 +199,8 @@ def epsilon_at(env_steps: jax.Array, start: float, finish: float, anneal_steps: 
     return (start + (finish - start) * frac).astype(jnp.float32)
 
 
-def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array) -> tuple[jax.Array, jax.Array]:
+def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array, mask: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
     """Epsilon-greedy actions and their behaviour log-probabilities.
 
     Each row independently: with probability ``epsilon`` a uniformly random action among the
@@ -210,6 +211,9 @@ def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array) -> t
         key: PRNG key.
         q_values: ``(B, A)`` float Q-values.
         epsilon: scalar or ``(B,)`` float exploration rate in [0, 1].
+        mask: optional ``(B, A)`` bool allowed actions (an env's action mask; each row allows at
+            least one): the random action is uniform among the allowed ones, ``A`` above becomes
+            their number, and ``q_values`` must already be masked for the argmax.
 
     Returns:
         ``(actions, log_prob)``: ``(B,)`` int32 actions and ``(B,)`` float32 log of their
@@ -220,7 +224,12 @@ def epsilon_greedy(key: jax.Array, q_values: jax.Array, epsilon: jax.Array) -> t
     explore_key, action_key = jax.random.split(key)
     eps = jnp.broadcast_to(jnp.asarray(epsilon, jnp.float32), (b,))
     greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
-    random = jax.random.randint(action_key, (b,), 0, num_actions, dtype=jnp.int32)
+    if mask is None:
+        random = jax.random.randint(action_key, (b,), 0, num_actions, dtype=jnp.int32)
+        allowed = num_actions
+    else:
+        random = jax.random.categorical(action_key, jnp.where(mask, 0.0, -1e9), axis=-1).astype(jnp.int32)
+        allowed = jnp.sum(mask, axis=-1)
     actions = jnp.where(jax.random.uniform(explore_key, (b,)) < eps, random, greedy)
-    prob = eps / num_actions + jnp.where(actions == greedy, 1.0 - eps, 0.0)
+    prob = eps / allowed + jnp.where(actions == greedy, 1.0 - eps, 0.0)
     return actions, jnp.log(prob).astype(jnp.float32)
