@@ -13,7 +13,8 @@ from typing import Any
 
 __all__ = ["provenance"]
 
-_PACKAGES = ("tianji-jax", "jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "orbax-checkpoint", "numpy")
+_PACKAGES = ("tianji-jax", "jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "orbax-checkpoint", "numpy",
+             "craftax", "jumanji", "xminigrid")  # the env suites: None where not installed
 
 
 def _git_commit() -> str | None:

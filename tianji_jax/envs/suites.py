@@ -114,7 +114,7 @@ class SuiteEnv:
                              "num_actions >= 1 and a mask of 0 or num_actions entries")
         self.name, self._reset, self._step = name, reset_fn, step_fn
         self.num_actions, self.action_mask_size, self.time_limit = int(num_actions), int(action_mask_size), int(time_limit)
-        self._obs_size = int(jax.eval_shape(reset_fn, jax.random.key(0))[1].shape[0])
+        self._obs_size = int(jax.eval_shape(lambda: reset_fn(jax.random.key(0)))[1].shape[0])  # traced only
 
     @property
     def default_params(self) -> SuiteParams:
