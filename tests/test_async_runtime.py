@@ -241,7 +241,8 @@ def test_early_stop_shuts_down_promptly_with_full_queue():
 
 # ---- PPO on the async runtime ---------------------------------------------------------------------
 def test_async_sync_schedule_equals_anakin_and_is_reproducible():
-    assert len(jax.devices()) == 2
+    # two CPU devices here (conftest); on a one-accelerator machine actors and learner share it
+    assert len(jax.devices()) == 2 or jax.default_backend() != "cpu"
     config = tj.PPOConfig(**{**SMALL, "total_env_steps": 4 * 32 * 3})
     anakin = tj.train(config, progress=False)
     a1 = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
@@ -300,6 +301,8 @@ def test_telemetry_counts_open_spans_up_to_the_read():
 def test_async_learner_state_lives_on_the_learner_device():
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
+    if len(jax.devices()) < 2:
+        pytest.skip("one device (an accelerator machine): actors and learner share it")
     ppo = AsyncOnPolicy(tj.PPOConfig(**{**SMALL, "runtime": "async"}))
     assert ppo.actor_device != ppo.learner_device
     for leaf in jax.tree.leaves(ppo.learner_state):

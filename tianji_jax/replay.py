@@ -175,6 +175,13 @@ def _free_host_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _device_stats(device: Any) -> dict | None:
+    try:
+        return device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends without statistics raise various errors
+        return None
+
+
 def check_fits(nbytes: int, device: Any = None, *, max_fraction: float = 1.0) -> int | None:
     """Raise before allocating a buffer that would not fit in ``device``'s free memory.
 
@@ -205,10 +212,7 @@ def check_fits(nbytes: int, device: Any = None, *, max_fraction: float = 1.0) ->
         free = _free_host_bytes()
         where = "host memory available (psutil.virtual_memory().available)"
     else:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - backends without statistics raise various errors
-            stats = None
+        stats = _device_stats(device)
         if not stats or "bytes_limit" not in stats:
             warnings.warn(f"{device} reports no memory statistics; cannot check that {nbytes} bytes fit",
                           RuntimeWarning, stacklevel=2)
