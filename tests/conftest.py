@@ -123,7 +123,8 @@ def pytest_collection_modifyitems(config, items):
 # Roughly longest first (summed test durations per file in a two-worker run, pytest --durations);
 # a scheduling hint only. The two files that start many processes (test_distributed, test_experiments)
 # are apart so that each overlaps in-process tests on the other worker.
-LONGEST_FILES = ("test_distributed.py", "test_recurrent.py", "test_experiments.py", "test_suites.py", "test_recurrent_pqn.py",
+LONGEST_FILES = ("test_distributed.py", "test_recurrent.py", "test_experiments.py", "test_suites.py", "test_ray_isolated.py",
+                 "test_recurrent_pqn.py",
                  "test_capabilities.py", "test_checkpoint.py", "test_learning.py",
                  "test_sweep.py", "test_sac.py", "test_pqn.py", "test_notebooks.py", "test_dqn_distributional.py",
                  "test_dqn_anakin.py", "test_custom_torso.py", "test_faults.py", "test_dqn_atari.py", "test_nonfinite.py")
