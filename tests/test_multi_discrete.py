@@ -3,8 +3,8 @@
 * the factored categorical's log-prob, entropy, mode and sampling against NumPy by hand, and the
   PPO loss gradient against the hand-derived sum of per-factor terms;
 * ``jumanji:RubiksCube-v0`` (MultiDiscrete([6, 1, 3]), no mask) trains a few PPO updates in Anakin
-  (feed-forward and GRU) and on async device actors through the CLI, with finite metrics and every
-  action within ``nvec``;
+  (feed-forward and GRU) and on async device actors (feed-forward through the CLI, LSTM), with
+  finite metrics and every action within ``nvec``;
 * ``jumanji:Minesweeper-v0`` (a joint ``(10, 10)`` mask) is flattened to Discrete(100) in C order,
   and no masked action is ever taken by PPO (sampled, greedy) or DQN (random, greedy);
 * PQN, the DQN family, SAC, ``|clip_action`` and host MultiDiscrete spaces are refused in one line.
@@ -77,6 +77,9 @@ def test_factored_sampling_draws_each_factor_from_its_own_softmax():
     for k, part in enumerate(_np_parts(np.asarray(logits[0], np.float64), NVEC)):
         freq = np.bincount(draws[:, k], minlength=NVEC[k]) / len(draws)
         np.testing.assert_allclose(freq, np.exp(_np_log_softmax(part)), atol=0.015)
+    p0, p2 = (np.exp(_np_log_softmax(p)) for p in _np_parts(np.asarray(logits[0], np.float64), NVEC)[::2])
+    joint = np.bincount(draws[:, 0] * 4 + draws[:, 2], minlength=12).reshape(3, 4) / len(draws)
+    np.testing.assert_allclose(joint, np.outer(p0, p2), atol=0.015)  # the factors are drawn independently
 
 
 def test_ppo_loss_gradient_is_the_sum_of_the_per_factor_terms():
@@ -124,8 +127,8 @@ def _check_rollout_actions(config, params):
     assert np.isfinite(np.asarray(traj["log_prob"])).all() and (np.asarray(traj["log_prob"]) <= 0).all()
 
 
-def _finite_curve(curve):
-    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "eval_return_mean"):
+def _finite_curve(curve, evaluated=True):
+    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm") + ("eval_return_mean",) * evaluated:
         assert np.isfinite(curve[name]).all(), (name, curve[name])
     # the entropy of a near-uniform factored policy: log 6 + log 1 + log 3
     assert abs(curve["entropy"][0] - np.log(18)) < 0.1
@@ -142,10 +145,11 @@ def test_ppo_trains_on_rubiks_cube_in_anakin():
 
 
 def test_recurrent_ppo_trains_on_rubiks_cube_in_anakin():
-    """Budget ~45 s: 2 updates of a GRU policy with burn-in, evaluation included."""
-    config = tj.PPOConfig(env=RUBIKS, recurrent="gru", rnn_hidden_size=32, burn_in_steps=4, **PPO_SMALL)
+    """Budget ~35 s: 2 updates of a GRU policy with burn-in (no evaluation: the feed-forward test's)."""
+    config = tj.PPOConfig(env=RUBIKS, recurrent="gru", rnn_hidden_size=32, burn_in_steps=4,
+                          **{**PPO_SMALL, "eval_episodes": 0})
     result = tj.train(config, progress=False)
-    _finite_curve(result.curve)
+    _finite_curve(result.curve, evaluated=False)
     _check_rollout_actions(config, result.params)
 
 
@@ -167,6 +171,16 @@ def test_ppo_trains_on_rubiks_cube_on_async_device_actors_through_the_cli(tmp_pa
     _check_rollout_actions(config, params)
 
 
+def test_recurrent_ppo_trains_on_rubiks_cube_on_async_device_actors():
+    """Budget ~30 s: an LSTM policy on the async runtime's device actors (``sync`` schedule; no
+    evaluation, and the rollout's actions are checked by the GRU test)."""
+    config = tj.PPOConfig(env=RUBIKS, recurrent="lstm", rnn_hidden_size=32, runtime="async", schedule="sync",
+                          **{**PPO_SMALL, "eval_episodes": 0})
+    result = tj.train(config, progress=False)
+    assert int(result.state.update_count) == 2
+    _finite_curve(result.curve, evaluated=False)
+
+
 # ---- Minesweeper: the joint mask, flattened -----------------------------------------------------------
 def test_flattening_is_c_order_and_minesweeper_reveals_the_cell_of_its_flat_action():
     np.testing.assert_array_equal(unflatten_action(jnp.array([0, 13, 99]), (10, 10)), [[0, 0], [1, 3], [9, 9]])
@@ -184,6 +198,29 @@ def test_flattening_is_c_order_and_minesweeper_reveals_the_cell_of_its_flat_acti
     final = np.asarray(info["final_observation"])
     np.testing.assert_array_equal(np.flatnonzero(final[:100] != -1), [37])  # row 3, column 7
     assert final[-100 + 37] == 0 and final[-100:].sum() == 99  # the mask forbids exactly that cell now
+
+
+def test_tetris_time_limit_is_a_truncation_and_its_other_ends_terminations():
+    """Tetris ends at its time limit with a zero discount, but its observation's step count is always
+    0: reaching the limit (board not full, action allowed) is a truncation; an invalid action is not."""
+    from jumanji.environments import Tetris
+
+    from tianji_jax.envs.suites import _tetris_at_limit
+
+    env = Tetris(time_limit=2)
+    state, ts = jax.jit(env.reset)(jax.random.key(0))
+    step = jax.jit(env.step)
+    allowed = jnp.asarray(np.argwhere(np.asarray(state.action_mask))[0], jnp.int32)
+    new, ts = step(state, allowed)
+    assert not bool(ts.last()) and not bool(_tetris_at_limit(env, state, new, allowed))
+    allowed2 = jnp.asarray(np.argwhere(np.asarray(new.action_mask))[0], jnp.int32)
+    last, ts = step(new, allowed2)
+    assert bool(ts.last()) and float(ts.discount) == 0.0 and int(ts.observation.step_count) == 0
+    assert bool(_tetris_at_limit(env, new, last, allowed2))  # the limit: a truncation
+    forbidden = np.argwhere(~np.asarray(new.action_mask))
+    if len(forbidden):  # an invalid action ends the episode: a termination even at the limit
+        assert not bool(_tetris_at_limit(env, new, step(new, jnp.asarray(forbidden[0], jnp.int32))[0],
+                                         jnp.asarray(forbidden[0], jnp.int32)))
 
 
 def test_ppo_and_dqn_never_take_a_masked_minesweeper_action():
