@@ -280,14 +280,14 @@ def _jumanji(env_id: str) -> SuiteEnv:
     if not hasattr(spec, "num_values") or np.ndim(spec.num_values) > 1:
         raise ValueError(f"jumanji:{env_id}: its action space is {type(spec).__name__}; allowed: a discrete or "
                          f"multi-discrete action (ids: {list(_JUMANJI_IDS)})")
-    has_mask = "action_mask" in vars(env.observation_spec)
-    factored = np.ndim(spec.num_values) == 1 and not has_mask  # a joint mask: flattened to one Discrete
+    multi, has_mask = np.ndim(spec.num_values) == 1, "action_mask" in vars(env.observation_spec)
     n = int(np.prod(nvec))
-    if has_mask and tuple(env.observation_spec.action_mask.shape) != (nvec if np.ndim(spec.num_values) else (n,)):
+    if has_mask and tuple(env.observation_spec.action_mask.shape) != (nvec if multi else (n,)):
         raise ValueError(f"jumanji:{env_id}: action mask of shape {env.observation_spec.action_mask.shape} does not "
                          f"match the action sizes {list(nvec)}")
     mask_size = n if has_mask else 0
-    to_env = (lambda a: unflatten_action(a, nvec)) if np.ndim(spec.num_values) == 1 and has_mask else (lambda a: a)
+    factored = multi and not has_mask  # a joint mask: flattened to one Discrete(n), actions unflattened for the env
+    to_env = (lambda a: unflatten_action(a, nvec)) if multi and has_mask else (lambda a: a)
     at_limit = _AT_LIMIT.get(env_id)
 
     def reset(key):
