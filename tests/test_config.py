@@ -168,7 +168,7 @@ BAD_VALUES = [
     ("env", object(), ValueError, r"env: .*not a gymnax-style"),
     ("env", TupleActionCartPole(), ValueError, r"env=.*TupleActionCartPole.*Tuple"),
     ("env", DictActionCartPole(), ValueError, r"env=.*DictActionCartPole.*Dict"),
-    ("env", MatrixBoxActionCartPole(), ValueError, r"env: PPO handles Discrete and 1-D Box"),
+    ("env", MatrixBoxActionCartPole(), ValueError, r"env: PPO handles Discrete, MultiDiscrete and 1-D Box"),
 ]
 
 

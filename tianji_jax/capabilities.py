@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
            "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log",
-           "ACTION_MASK_RULES", "check_action_mask"]
+           "ACTION_MASK_RULES", "check_action_mask", "MULTI_DISCRETE_ALGOS", "MULTI_DISCRETE_REASONS",
+           "MULTI_DISCRETE_REFUSED", "check_action_space"]
 
 ALGOS = ("ppo", "pqn", "dqn", "sac")
 DATA_PATH = {"ppo": "on_policy", "pqn": "on_policy", "dqn": "replay", "sac": "replay"}
@@ -226,6 +227,46 @@ def check_action_mask(config: Any, mask_size: int) -> None:
                              f"an action mask: {why}; allowed: {field}=False")
 
 
+MULTI_DISCRETE_ALGOS = ("ppo",)
+"""The algorithms that take a MultiDiscrete action space (PPO's factored categorical policy)."""
+
+_NO_FACTORED_Q = ("learns one Q-value per action of a Discrete space; a factored action would need a Q-value "
+                  "for each of the prod(nvec) joint actions or a decomposition over the factors (action "
+                  "branching), which is not built")
+MULTI_DISCRETE_REASONS: dict[str, str] = {
+    "pqn": "PQN " + _NO_FACTORED_Q,
+    "dqn": "the DQN family (DQN, C51, QR-DQN) " + _NO_FACTORED_Q,
+    "sac": "SAC's actor is a squashed Gaussian over a Box action space",
+}
+"""Why each algorithm outside :data:`MULTI_DISCRETE_ALGOS` refuses a MultiDiscrete env (others:
+only PPO has a factored categorical policy)."""
+
+MULTI_DISCRETE_REFUSED: tuple[tuple[str, str], ...] = (
+    ("host backends (`envpool:`, `gymnasium:`)", "their resolver reads Discrete and Box action spaces only; a "
+     "gymnasium MultiDiscrete env is refused when the env is resolved (MultiDiscrete: the device suites)"),
+    ("`|clip_action`", "it clips a Box action; a MultiDiscrete env is refused when the wrapper is applied"),
+    ("an action mask", "a joint mask over the factors cannot be split into per-factor masks: a Jumanji task with "
+     "one (Minesweeper-v0, Tetris-v0) is flattened to Discrete(prod(nvec)), mask included, and runs as Discrete"),
+)
+"""What else cannot take a MultiDiscrete action space: ``(what, reason)`` (refused where it is built)."""
+
+
+def check_action_space(algo: str, config: Any, spec: Any) -> None:
+    """Refuse a MultiDiscrete env (``spec.action_kind == "multi_discrete"``) for an algorithm outside
+    :data:`MULTI_DISCRETE_ALGOS`, before anything is built; nothing to do for other action spaces.
+
+    Raises:
+        ValueError: one line naming the field ``env``, the space, the reason
+            (:data:`MULTI_DISCRETE_REASONS`) and what is allowed.
+    """
+    if spec.action_kind != "multi_discrete" or algo in MULTI_DISCRETE_ALGOS:
+        return
+    why = MULTI_DISCRETE_REASONS.get(algo, "only PPO has a factored categorical policy")
+    raise ValueError(f"env={config.env!r} has a {spec.action_space!r} action space, which algo {algo!r} does not "
+                     f"take: {why}; allowed: algo 'ppo' (a factored categorical policy) or a Discrete env (Jumanji "
+                     "tasks with a joint action mask, Minesweeper-v0 and Tetris-v0, are Discrete)")
+
+
 def field_reason(algo: str, field: str) -> str | None:
     """Why ``algo`` does not take the config field ``field`` that another algorithm takes, or None."""
     return FIELD_REASONS.get((algo, field))
@@ -274,6 +315,10 @@ def markdown() -> str:
               for why, (fields, algos) in by_reason.items()]
     lines += ["", "Options refused on an env with an action mask (Jumanji tasks):", ""]
     lines += [f"- `{field}`: {why}" for field, _, why in ACTION_MASK_RULES]
+    lines += ["", "MultiDiscrete action spaces (`jumanji:RubiksCube-v0`): "
+              + ", ".join(MULTI_DISCRETE_ALGOS) + " only (a factored categorical policy); refused:", ""]
+    lines += [f"- {algo}: {why}" for algo, why in MULTI_DISCRETE_REASONS.items()]
+    lines += [f"- {what}: {why}" for what, why in MULTI_DISCRETE_REFUSED]
     lines += ["", "`record_schedule` / `replay_schedule` (async, on-policy) are refused where:", ""]
     lines += [f"- {why}" for _, why in SCHEDULE_LOG_RULES]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Deterministic-policy evaluation on separate gymnax envs.
 
 Each of ``M`` evaluation envs plays exactly one episode with the deterministic policy (argmax for
-Discrete, the Gaussian mean for Box) inside one compiled ``while_loop`` that stops when every
+Discrete, per-factor argmax for MultiDiscrete, the Gaussian mean for Box) inside one compiled ``while_loop`` that stops when every
 episode has ended or after ``max_steps_in_episode`` steps. A recurrent policy
 (:func:`make_recurrent_evaluate`) carries its core's state through the loop, zeroed per env after
 the step that ended its episode.
@@ -61,9 +61,10 @@ def _cached(kind: str | None, key: Any, build: Callable[[], Callable]) -> Callab
 def _mode_action(spec: EnvSpec, continuous: bool) -> Callable[[Any], jax.Array]:
     """``action_of(actor_out)``: the deterministic action
     (:func:`~tianji_jax.algos.distributions.mode`), clipped to the Box bounds of ``spec`` when
-    ``continuous`` (the Gaussian mean), else the argmax."""
+    ``continuous`` (the Gaussian mean), else the argmax (per factor for a MultiDiscrete ``spec``)."""
     if not continuous:
-        return lambda actor_out: distributions.mode(actor_out, False)
+        nvec = tuple(spec.action_space.nvec) if spec.action_kind == "multi_discrete" else None
+        return lambda actor_out: distributions.mode(actor_out, False, nvec)
     low = jnp.asarray(spec.action_space.low, jnp.float32)
     high = jnp.asarray(spec.action_space.high, jnp.float32)
     return lambda actor_out: jnp.clip(distributions.mode(actor_out, True), low, high)

@@ -96,6 +96,8 @@ class OnPolicyAgent:
         config: the algorithm's config (an :class:`~tianji_jax.algos.on_policy_config.OnPolicyConfig`).
         spec: its resolved env.
         continuous: the action space is a Box.
+        nvec: a MultiDiscrete action space's sizes (a tuple of ints; the policy is a factored
+            categorical, :mod:`~tianji_jax.algos.distributions`), else None.
         env: the gymnax vector env (None for host envs, which live in each host actor).
         recurrent: the config's ``recurrent`` is not ``'none'``: the agent implements
             :meth:`initial_carry`, :meth:`apply_step` and :meth:`policy_step`, and the actor carries
@@ -110,6 +112,7 @@ class OnPolicyAgent:
         self.config = config
         spec = config.env_spec
         self.continuous = spec.action_kind == "continuous"
+        self.nvec = tuple(spec.action_space.nvec) if spec.action_kind == "multi_discrete" else None
         self.mask_size = spec.action_mask_size  # trailing observation entries that are the action mask
         self.spec = spec
         self.recurrent = getattr(config, "recurrent", "none") != "none"
@@ -128,7 +131,7 @@ class OnPolicyAgent:
 
     def apply(self, params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Network forward for evaluation: ``obs (B, *obs_shape)`` -> ``(actor_out, value (B,))``
-        where ``distributions.mode(actor_out, continuous)`` is the deterministic action."""
+        where ``distributions.mode(actor_out, continuous, nvec)`` is the deterministic action."""
         raise NotImplementedError
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
@@ -150,7 +153,7 @@ class OnPolicyAgent:
         """Recurrent agents: one step of ``self.network`` (a
         :class:`~tianji_jax.recurrent.RecurrentActorCritic` or a subclass) ``(carry, obs (B,
         *obs_shape) float32, reset (B,) bool) -> (carry, actor_out, value (B,))``, the carry zeroed
-        first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous)``. An
+        first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous, nvec)``. An
         env's action mask masks ``actor_out`` (:func:`~tianji_jax.envs.suites.masked`)."""
         carry, actor_out, value = self.network.apply(params, carry, obs, reset)
         return carry, self._masked(actor_out, obs), value
@@ -217,7 +220,7 @@ class OnPolicyAgent:
         from tianji_jax.algos import distributions
 
         carry, actor_out, _ = self.apply_step(params, carry, obs.astype(jnp.float32), reset)
-        return carry, self.env_action(distributions.mode(actor_out, self.continuous))
+        return carry, self.env_action(distributions.mode(actor_out, self.continuous, self.nvec))
 
     def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(actor_key, learner_key)`` from a run's seed key."""
@@ -244,7 +247,8 @@ class OnPolicyAgent:
         Returns:
             ``(actor, traj)``: the new :class:`ActorState` (observation / reward statistics updated
             when enabled) and the trajectory of the class docstring, leaves ``(T, N, ...)``:
-            ``action`` int32 ``(T, N)`` or float32 ``(T, N, A)``; ``log_prob``, ``value``,
+            ``action`` int32 ``(T, N)`` (Discrete), int32 ``(T, N, len(nvec))`` (MultiDiscrete) or
+            float32 ``(T, N, A)`` (Box); ``log_prob``, ``value``,
             ``reward``, ``episode_return`` float32, ``episode_length`` / ``policy_version`` int32,
             ``terminated`` / ``truncated`` / ``done`` bool, all ``(T, N)``; ``obs`` / ``final_obs``
             ``(T, N, *obs_shape)`` (float32 when normalised); ``last_obs`` ``(N, *obs_shape)``.

@@ -236,6 +236,7 @@ class OnPolicyConfig(_AgentConfig):
         spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")  # one spelling per env
+        capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
         self._check_env(spec)
         _check_torso(self, tuple(spec.observation_shape))
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)

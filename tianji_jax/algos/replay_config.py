@@ -241,6 +241,7 @@ class ReplayConfig(_AgentConfig):
         spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
+        capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
         self._check_action_space(spec)
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")

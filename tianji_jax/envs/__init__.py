@@ -5,8 +5,8 @@ from tianji_jax.envs.core import Timestep
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 from tianji_jax.envs.latency import LatencyVecEnv
 from tianji_jax.envs.registry import BACKENDS, EnvSpec, resolve_env
-from tianji_jax.envs.spaces import Box, Discrete
+from tianji_jax.envs.spaces import Box, Discrete, MultiDiscrete
 from tianji_jax.envs.wrappers import ClipAction, FrameStack, ObservationMask, apply_wrappers
 
 __all__ = ["Timestep", "GymnaxVecEnv", "VecEnvState", "EnvSpec", "resolve_env", "BACKENDS", "Box", "Discrete",
-           "ClipAction", "FrameStack", "ObservationMask", "apply_wrappers", "LatencyVecEnv"]
+           "MultiDiscrete", "ClipAction", "FrameStack", "ObservationMask", "apply_wrappers", "LatencyVecEnv"]

@@ -13,7 +13,7 @@ from flax import struct
 
 from tianji_jax.envs.core import Timestep
 from tianji_jax.envs.registry import EnvSpec
-from tianji_jax.envs.spaces import Discrete
+from tianji_jax.envs.spaces import Discrete, MultiDiscrete
 
 __all__ = ["GymnaxVecEnv", "VecEnvState"]
 
@@ -75,10 +75,11 @@ class GymnaxVecEnv:
 
         Raises:
             ValueError: ``action`` is not shaped ``(N, *action_shape)`` or has the wrong dtype kind
-                (integer for Discrete, floating for Box); the message gives what was expected.
+                (integer for Discrete and MultiDiscrete, floating for Box); the message gives what was
+                expected.
         """
         want = (self.num_envs, *self.action_space.shape)
-        kind = "integer" if isinstance(self.action_space, Discrete) else "floating"
+        kind = "integer" if isinstance(self.action_space, (Discrete, MultiDiscrete)) else "floating"
         shape = tuple(np.shape(action))
         dtype = jnp.asarray(action).dtype if not hasattr(action, "dtype") else action.dtype
         ok_dtype = (jnp.issubdtype(dtype, jnp.integer) if kind == "integer"
@@ -94,7 +95,8 @@ class GymnaxVecEnv:
         Args:
             key: a PRNG key.
             state: the current :class:`VecEnvState`.
-            action: ``(N,)`` int for Discrete or ``(N, action_dim)`` float for Box.
+            action: ``(N,)`` int for Discrete, ``(N, len(nvec))`` int for MultiDiscrete or
+                ``(N, action_dim)`` float for Box.
 
         Returns:
             ``(state, timestep)``; see :class:`~tianji_jax.envs.core.Timestep` for shapes.

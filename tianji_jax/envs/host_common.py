@@ -104,6 +104,10 @@ def from_gymnasium_space(space: Any) -> Discrete | Box:
         low = np.broadcast_to(np.asarray(space.low, dtype=np.float64), shape).copy()
         high = np.broadcast_to(np.asarray(space.high, dtype=np.float64), shape).copy()
         return Box(shape, np.dtype(space.dtype), low, high)
+    if isinstance(space, gs.MultiDiscrete):
+        raise ValueError(f"space: {space!r} is not supported on a host backend (envpool, gymnasium take Discrete "
+                         "and Box actions); allowed: Discrete, Box (MultiDiscrete actions: the device suites, e.g. "
+                         "jumanji:RubiksCube-v0, with PPO)")
     raise ValueError(f"space: unsupported space {type(space).__name__}; allowed: Discrete, Box")
 
 

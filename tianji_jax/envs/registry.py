@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji_jax.envs.spaces import Box, Discrete, from_gymnax_space, import_gymnax
+from tianji_jax.envs.spaces import Box, Discrete, MultiDiscrete, from_gymnax_space, import_gymnax
 
 __all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "DEVICE_BACKENDS", "SUITE_BACKENDS",
            "ATARI_DEFAULTS"]
@@ -45,7 +45,8 @@ class EnvSpec:
             by each actor: :meth:`make_host_env`).
         env_params: its default params (a pytree; None for host backends).
         observation_space: :class:`Box` of one env's observation.
-        action_space: :class:`Discrete` or :class:`Box` of one env's action.
+        action_space: :class:`Discrete`, :class:`~tianji_jax.envs.spaces.MultiDiscrete` (device
+            suites only, e.g. ``jumanji:RubiksCube-v0``; PPO only) or :class:`Box` of one env's action.
         episode_limit: host backends: the registered time limit in env steps (None if none).
         latency_ms: host backends: milliseconds each batched step of a training env takes at least
             (``"envpool:<id>|latency_ms=5"``; 0.0: no added latency), see
@@ -67,7 +68,7 @@ class EnvSpec:
     env: Any
     env_params: Any
     observation_space: Box
-    action_space: Discrete | Box
+    action_space: Discrete | MultiDiscrete | Box
     episode_limit: int | None = None
     latency_ms: float = 0.0
     host_wrappers: tuple = ()
@@ -159,9 +160,12 @@ class EnvSpec:
 
     @property
     def action_kind(self) -> str:
-        """``"discrete"`` for Discrete, ``"continuous"`` for a 1-D Box."""
+        """``"discrete"`` for Discrete, ``"multi_discrete"`` for MultiDiscrete, ``"continuous"`` for a
+        1-D Box, else ``"unsupported"``."""
         if isinstance(self.action_space, Discrete):
             return "discrete"
+        if isinstance(self.action_space, MultiDiscrete):
+            return "multi_discrete"
         if isinstance(self.action_space, Box) and len(self.action_space.shape) == 1:
             return "continuous"
         return "unsupported"

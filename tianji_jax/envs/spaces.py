@@ -1,4 +1,8 @@
-"""Observation/action spaces shared by every env backend (gymnax now, envpool/gymnasium later)."""
+"""Observation/action spaces shared by every env backend (gymnax, the JAX suites, envpool, gymnasium).
+
+Action batches of ``N`` envs: :class:`Discrete` int32 ``(N,)``; :class:`MultiDiscrete` int32
+``(N, len(nvec))`` (factor ``k`` in ``0 .. nvec[k]-1``); :class:`Box` float32 ``(N, *shape)``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Discrete", "Box", "from_gymnax_space"]
+__all__ = ["Discrete", "MultiDiscrete", "Box", "from_gymnax_space"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,46 @@ class Discrete:
 
     def __repr__(self) -> str:
         return f"Discrete({self.n})"
+
+
+@dataclass(frozen=True)
+class MultiDiscrete:
+    """A factored discrete action: ``len(nvec)`` sub-actions, factor ``k`` in ``0 .. nvec[k]-1``.
+
+    One env's action is int32 shaped ``(len(nvec),)``; a batch of ``N`` is ``(N, len(nvec))``. The
+    policy over it is a factored categorical (:func:`~tianji_jax.algos.distributions.factored_log_prob`):
+    one logits vector of ``sum(nvec)`` entries split per factor. Only PPO takes it
+    (:data:`~tianji_jax.capabilities.MULTI_DISCRETE_REASONS`).
+
+    Raises:
+        ValueError: ``nvec`` empty or with an entry below 1.
+    """
+
+    nvec: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        nvec = tuple(int(n) for n in np.asarray(self.nvec).reshape(-1))
+        if not nvec or min(nvec) < 1:
+            raise ValueError(f"MultiDiscrete: nvec={list(nvec)}; allowed: one or more sizes >= 1")
+        object.__setattr__(self, "nvec", nvec)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(len(nvec),)``: one env's action is one int per factor."""
+        return (len(self.nvec),)
+
+    @property
+    def dtype(self) -> Any:
+        """``int32``."""
+        return np.dtype(np.int32)
+
+    @property
+    def num_logits(self) -> int:
+        """``sum(nvec)``: the size of the factored categorical's logits vector."""
+        return int(sum(self.nvec))
+
+    def __repr__(self) -> str:
+        return f"MultiDiscrete({list(self.nvec)})"
 
 
 @dataclass(frozen=True)
@@ -101,12 +145,15 @@ def import_gymnax() -> Any:
         return gymnax
 
 
-def from_gymnax_space(space: Any) -> Discrete | Box:
-    """Convert a gymnax space into :class:`Discrete` or :class:`Box`.
+def from_gymnax_space(space: Any) -> Discrete | MultiDiscrete | Box:
+    """Convert a gymnax space into :class:`Discrete` or :class:`Box`; a :class:`MultiDiscrete`
+    (gymnax has none: the JAX suites' envs return this module's) is returned as it is.
 
     Raises:
         TypeError: for other space types (Tuple, Dict, ...), naming the type found.
     """
+    if isinstance(space, MultiDiscrete):
+        return space
     gs = import_gymnax().environments.spaces
 
     if isinstance(space, gs.Discrete):
@@ -116,4 +163,4 @@ def from_gymnax_space(space: Any) -> Discrete | Box:
         low = np.broadcast_to(np.asarray(space.low, dtype=np.float64), shape).copy()
         high = np.broadcast_to(np.asarray(space.high, dtype=np.float64), shape).copy()
         return Box(shape, np.dtype(space.dtype), low, high)
-    raise TypeError(f"unsupported space {type(space).__name__}; allowed: Discrete, Box")
+    raise TypeError(f"unsupported space {type(space).__name__}; allowed: Discrete, Box, MultiDiscrete")

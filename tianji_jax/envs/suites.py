@@ -15,13 +15,25 @@ runs (:class:`SuiteEnv`; Anakin and the async device actors, like a gymnax id):
   ``action_mask_size`` entries of the observation vector (1.0 = allowed). Every algorithm reads
   them from there (:func:`action_mask`): the mask of the next state is stored with it in replay,
   and masked greedy, masked epsilon-random and masked bootstrap maxima need nothing else;
+* **multi-discrete actions** (Jumanji's ``MultiDiscreteArray``): a task without a mask
+  (RubiksCube: ``[face, depth, direction]``) keeps its factored action space,
+  :class:`~tianji_jax.envs.spaces.MultiDiscrete` (int32 ``(len(nvec),)`` per env; PPO only, with a
+  factored categorical policy). A task whose mask is *joint* over the factors (Minesweeper: a
+  ``(rows, cols)`` mask of cells; Tetris: ``(rotations, columns)``) cannot have that mask split into
+  per-factor masks, so its action space is flattened to one ``Discrete(prod(nvec))`` in C order
+  (the first factor most significant: :func:`unflatten_action`, Stoix's ``MultiDiscreteToDiscrete``)
+  and its mask flattened in the same order, carried as above (PPO, PQN and the DQN family);
 * ``terminated`` / ``truncated``: where the suite marks the end of an episode with a zero discount
   it is a termination, with discount one (or on reaching the time limit) a truncation. Craftax
   reports one ``done``: reaching ``max_timesteps`` alive is a truncation, death (or lava) a
   termination. Jumanji tasks without a time limit of their own (Game2048, Knapsack, TSP) get
   :data:`DEFAULT_TIME_LIMIT` env steps, counted as truncation; several Jumanji tasks (Maze) end on
   their own time limit with a zero discount and put the step count in the observation, which is
-  kept as the task defines it (a termination).
+  kept as the task defines it (a termination; RubiksCube too). Tetris ends its episodes at its time
+  limit with a zero discount but its observation's ``step_count`` is always 0 (Jumanji 1.1.2), so
+  there reaching the limit (the board not full, the action allowed) is a truncation. Minesweeper
+  has no time limit; an episode cannot outlast ``rows * cols - mines`` allowed steps (each reveals
+  a safe cell), which is its limit here (it never binds).
 
 Only procedurally generated tasks: nothing downloads data (XLand-MiniGrid's ``XLand-*`` ids need a
 benchmark of rulesets, which it downloads, and are refused; its ``MiniGrid-*`` ids generate their
@@ -40,7 +52,7 @@ import numpy as np
 from flax import struct
 
 __all__ = ["SUITES", "Suite", "SuiteEnv", "SuiteState", "SuiteParams", "make_suite_env", "action_mask", "masked",
-           "random_allowed", "DEFAULT_TIME_LIMIT", "MASKED"]
+           "random_allowed", "unflatten_action", "flatten_action", "DEFAULT_TIME_LIMIT", "MASKED"]
 
 DEFAULT_TIME_LIMIT = 10_000
 """Env steps after which an episode of a task with no time limit of its own is truncated."""
@@ -99,16 +111,25 @@ class SuiteEnv:
         name: the id (without the suite prefix).
         reset_fn: ``key -> (inner_state, obs (D,) float32)``.
         step_fn: ``(key, inner_state, action) -> (inner_state, obs, reward, terminated, truncated)``.
-        num_actions: ``n`` of the Discrete action space.
+        num_actions: ``n`` of the Discrete action space, or the ``nvec`` (a tuple of sizes) of a
+            :class:`~tianji_jax.envs.spaces.MultiDiscrete` one (then ``step_fn`` takes int32
+            ``(len(nvec),)`` actions, and :attr:`num_actions` is ``prod(nvec)``, the joint count).
         action_mask_size: how many trailing observation entries are the action mask (0: none).
         time_limit: env steps after which an episode is truncated.
 
     Raises:
-        ValueError: ``num_actions < 1`` or a mask size other than 0 or ``num_actions``.
+        ValueError: ``num_actions < 1``, a mask size other than 0 or ``num_actions``, or a mask with a
+            MultiDiscrete action space (a mask needs one Discrete action: flatten it first).
     """
 
-    def __init__(self, name: str, reset_fn: Callable, step_fn: Callable, num_actions: int,
+    def __init__(self, name: str, reset_fn: Callable, step_fn: Callable, num_actions: int | tuple[int, ...],
                  action_mask_size: int = 0, time_limit: int = DEFAULT_TIME_LIMIT):
+        self.nvec = tuple(int(n) for n in num_actions) if isinstance(num_actions, (tuple, list)) else None
+        if self.nvec is not None:
+            if action_mask_size or not self.nvec or min(self.nvec) < 1:
+                raise ValueError(f"{name}: nvec={list(self.nvec)}, action_mask_size={action_mask_size}; allowed: "
+                                 "sizes >= 1 and no mask (a joint mask needs the flattened Discrete space)")
+            num_actions = int(np.prod(self.nvec))
         if num_actions < 1 or action_mask_size not in (0, num_actions):
             raise ValueError(f"{name}: num_actions={num_actions}, action_mask_size={action_mask_size}; allowed: "
                              "num_actions >= 1 and a mask of 0 or num_actions entries")
@@ -153,9 +174,12 @@ class SuiteEnv:
         return import_gymnax().environments.spaces.Box(low, high, (self._obs_size,), jnp.float32)
 
     def action_space(self, params: Any = None) -> Any:
-        """A gymnax Discrete of ``num_actions``."""
-        from tianji_jax.envs.spaces import import_gymnax
+        """A gymnax Discrete of ``num_actions``, or a :class:`~tianji_jax.envs.spaces.MultiDiscrete` of
+        ``nvec`` (gymnax has no such space)."""
+        from tianji_jax.envs.spaces import MultiDiscrete, import_gymnax
 
+        if self.nvec is not None:
+            return MultiDiscrete(self.nvec)
         return import_gymnax().environments.spaces.Discrete(self.num_actions)
 
 
@@ -186,6 +210,19 @@ def random_allowed(key: jax.Array, obs: jax.Array, size: int, num_actions: int) 
     return jax.random.categorical(key, jnp.where(mask, 0.0, MASKED), axis=-1).astype(jnp.int32)
 
 
+def unflatten_action(action: jax.Array, nvec: tuple[int, ...]) -> jax.Array:
+    """The factored action ``(..., len(nvec))`` int32 of a flat ``Discrete(prod(nvec))`` action
+    ``(...)`` int, in C order: the first factor is the most significant digit (``a = ((a0 * n1) + a1)
+    * n2 + a2``, Stoix's ``MultiDiscreteToDiscrete``), the order a ``(n0, n1, ...)`` mask flattens in."""
+    return jnp.stack(jnp.unravel_index(jnp.asarray(action, jnp.int32), tuple(nvec)), axis=-1).astype(jnp.int32)
+
+
+def flatten_action(action: jax.Array, nvec: tuple[int, ...]) -> jax.Array:
+    """The inverse of :func:`unflatten_action`: ``(..., len(nvec))`` int -> ``(...)`` int32."""
+    parts = tuple(jnp.asarray(action, jnp.int32)[..., k] for k in range(len(nvec)))
+    return jnp.ravel_multi_index(parts, tuple(nvec), mode="clip").astype(jnp.int32)
+
+
 # ---- Craftax ----------------------------------------------------------------------------------------
 _CRAFTAX_IDS = ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1")
 
@@ -210,14 +247,28 @@ def _craftax(env_id: str) -> SuiteEnv:
 
 
 # ---- Jumanji ----------------------------------------------------------------------------------------
-_JUMANJI_IDS = ("Game2048-v1", "Maze-v0", "Knapsack-v1", "Snake-v1", "TSP-v1", "SlidingTilePuzzle-v0")
+_JUMANJI_IDS = ("Game2048-v1", "Maze-v0", "Knapsack-v1", "Snake-v1", "TSP-v1", "SlidingTilePuzzle-v0",
+                "RubiksCube-v0", "Minesweeper-v0", "Tetris-v0")
 
 
 def _jumanji_obs(observation: Any, mask_size: int) -> jax.Array:
     fields = [getattr(observation, f) for f in observation._fields if f != "action_mask"]
     if mask_size:
-        fields.append(observation.action_mask)
+        fields.append(observation.action_mask)  # flattened in C order, as unflatten_action numbers the actions
     return _flatten(fields)
+
+
+def _tetris_at_limit(env: Any, prev: Any, new: Any, action: jax.Array) -> jax.Array:
+    """Tetris ended its episode only because of its time limit (the board not full, the action
+    allowed): a truncation, since its observation's step count is always 0."""
+    allowed = prev.action_mask[action[0], action[1]]
+    return (new.step_count >= env.time_limit) & jnp.any(new.action_mask) & allowed
+
+
+_AT_LIMIT: dict[str, Callable] = {"Tetris-v0": _tetris_at_limit}
+"""Tasks whose time-limit ends (zero discount) are truncations: ``(env, state, next_state, action) -> bool``."""
+_TIME_LIMITS: dict[str, Callable] = {"Minesweeper-v0": lambda env: env.num_rows * env.num_cols - env.num_mines}
+"""Tasks without a ``time_limit`` whose episodes are bounded anyway: ``env -> steps``."""
 
 
 def _jumanji(env_id: str) -> SuiteEnv:
@@ -225,25 +276,36 @@ def _jumanji(env_id: str) -> SuiteEnv:
 
     env = jumanji.make(env_id)
     spec = env.action_spec
-    if not hasattr(spec, "num_values") or np.ndim(spec.num_values) != 0:
-        raise ValueError(f"jumanji:{env_id}: its action space is {type(spec).__name__}; allowed: a single discrete "
-                         f"action (ids: {list(_JUMANJI_IDS)})")
-    n = int(spec.num_values)
-    mask_size = n if "action_mask" in vars(env.observation_spec) else 0
+    nvec = tuple(int(n) for n in np.reshape(getattr(spec, "num_values", ()), (-1,)))
+    if not hasattr(spec, "num_values") or np.ndim(spec.num_values) > 1:
+        raise ValueError(f"jumanji:{env_id}: its action space is {type(spec).__name__}; allowed: a discrete or "
+                         f"multi-discrete action (ids: {list(_JUMANJI_IDS)})")
+    multi, has_mask = np.ndim(spec.num_values) == 1, "action_mask" in vars(env.observation_spec)
+    n = int(np.prod(nvec))
+    if has_mask and tuple(env.observation_spec.action_mask.shape) != (nvec if multi else (n,)):
+        raise ValueError(f"jumanji:{env_id}: action mask of shape {env.observation_spec.action_mask.shape} does not "
+                         f"match the action sizes {list(nvec)}")
+    mask_size = n if has_mask else 0
+    factored = multi and not has_mask  # a joint mask: flattened to one Discrete(n), actions unflattened for the env
+    to_env = (lambda a: unflatten_action(a, nvec)) if multi and has_mask else (lambda a: a)
+    at_limit = _AT_LIMIT.get(env_id)
 
     def reset(key):
         state, ts = env.reset(key)
         return state, _jumanji_obs(ts.observation, mask_size)
 
     def step(key, state, action):
-        state, ts = env.step(state, action)
+        action = to_env(action)
+        new, ts = env.step(state, action)
         last = ts.last()
-        ended_by_zero_discount = last & (ts.discount == 0)
-        return (state, _jumanji_obs(ts.observation, mask_size), ts.reward, ended_by_zero_discount,
-                last & ~ended_by_zero_discount)
+        terminated = last & (ts.discount == 0)
+        if at_limit is not None:
+            terminated = terminated & ~at_limit(env, state, new, action)
+        return new, _jumanji_obs(ts.observation, mask_size), ts.reward, terminated, last & ~terminated
 
-    limit = getattr(env, "time_limit", None)
-    return SuiteEnv(env_id, reset, step, n, mask_size, DEFAULT_TIME_LIMIT if limit is None else int(limit))
+    limit = _TIME_LIMITS[env_id](env) if env_id in _TIME_LIMITS else getattr(env, "time_limit", None)
+    return SuiteEnv(env_id, reset, step, nvec if factored else n, mask_size,
+                    DEFAULT_TIME_LIMIT if limit is None else int(limit))
 
 
 # ---- XLand-MiniGrid ---------------------------------------------------------------------------------

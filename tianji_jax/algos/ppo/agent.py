@@ -24,7 +24,8 @@ __all__ = ["PPOAgent", "make_network"]
 
 
 def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
-    """The ActorCritic for ``config``'s env (categorical for Discrete, Gaussian for Box), its torso
+    """The ActorCritic for ``config``'s env (categorical for Discrete, a factored categorical with
+    ``sum(nvec)`` logits for MultiDiscrete, Gaussian for Box), its torso
     chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`);
     with ``config.recurrent`` ``'lstm'`` / ``'gru'`` the :class:`~tianji_jax.recurrent.RecurrentActorCritic`
     of that torso and a core of ``config.rnn_hidden_size`` units.
@@ -35,7 +36,8 @@ def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
     """
     spec = config.env_spec
     continuous = spec.action_kind == "continuous"
-    action_dim = spec.action_space.shape[0] if continuous else spec.action_space.n
+    action_dim = (spec.action_space.shape[0] if continuous else spec.action_space.num_logits
+                  if spec.action_kind == "multi_discrete" else spec.action_space.n)
     shape = tuple(spec.observation_shape)
     network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
                           activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape)
@@ -50,7 +52,8 @@ def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
 class PPOAgent(OnPolicyAgent):
     """Pure PPO actor and learner functions for one config (not jitted here; callers jit).
 
-    Acting samples the categorical / Gaussian policy (``log_prob`` and ``value`` of the
+    Acting samples the categorical / factored categorical (MultiDiscrete: actions int32 ``(B,
+    len(nvec))``, log-probs summed over the factors) / Gaussian policy (``log_prob`` and ``value`` of the
     trajectory are the behaviour policy's); :meth:`learn` is one PPO update (Schulman et al.
     2017) with GAE (Schulman et al. 2016) or V-trace (Espeholt et al. 2018). With ``config.recurrent``
     (``'lstm'`` / ``'gru'``) the network is recurrent: the actor carries its state, and each minibatch
@@ -89,8 +92,8 @@ class PPOAgent(OnPolicyAgent):
         """Sample the recurrent policy: ``(carry, env_action, action, log_prob (B,), value (B,))`` as
         :meth:`policy`, after one :meth:`apply_step`."""
         carry, actor_out, value = self.apply_step(params, carry, obs, reset)
-        action = distributions.sample(key, actor_out, self.continuous)
-        log_prob = distributions.log_prob(actor_out, action, self.continuous)
+        action = distributions.sample(key, actor_out, self.continuous, self.nvec)
+        log_prob = distributions.log_prob(actor_out, action, self.continuous, self.nvec)
         return carry, self.env_action(action), action, log_prob, value
 
     def policy(self, params: Any, obs: jax.Array, key: jax.Array, version: jax.Array):
@@ -98,15 +101,15 @@ class PPOAgent(OnPolicyAgent):
         is ``action`` clipped to the Box bounds (continuous), the learner's ratio uses ``action``;
         ``version`` is unused."""
         actor_out, value = self.apply(params, obs)
-        action = distributions.sample(key, actor_out, self.continuous)
-        log_prob = distributions.log_prob(actor_out, action, self.continuous)
+        action = distributions.sample(key, actor_out, self.continuous, self.nvec)
+        log_prob = distributions.log_prob(actor_out, action, self.continuous, self.nvec)
         return self.env_action(action), action, log_prob, value
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
-        """Deterministic env action for evaluation on host envs: argmax (Discrete) or the clipped
-        Gaussian mean (Box) for raw ``obs (B, *obs_shape)``."""
+        """Deterministic env action for evaluation on host envs: argmax (Discrete), per-factor argmax
+        (MultiDiscrete) or the clipped Gaussian mean (Box) for raw ``obs (B, *obs_shape)``."""
         actor_out, _ = self.apply(params, jnp.asarray(obs, jnp.float32))
-        return self.env_action(distributions.mode(actor_out, self.continuous))
+        return self.env_action(distributions.mode(actor_out, self.continuous, self.nvec))
 
     def init_learner(self, key: jax.Array) -> LearnerState:
         """Initialise params and optimizer; version 0."""
@@ -162,7 +165,8 @@ class PPOAgent(OnPolicyAgent):
         _, final_values = self.apply(learner.params, flat(traj["final_obs"]))
         values = values.reshape((t, n))
         if cfg.advantage_estimator == "vtrace":  # off-policy correction of stale samples (IMPALA)
-            log_rhos = distributions.log_prob(actor_out, flat(traj["action"]), self.continuous) - flat(traj["log_prob"])
+            log_rhos = (distributions.log_prob(actor_out, flat(traj["action"]), self.continuous, self.nvec)
+                        - flat(traj["log_prob"]))
             advantages, returns = vtrace(traj["reward"], values, last_value, final_values.reshape((t, n)),
                                          traj["terminated"], traj["truncated"], log_rhos.reshape((t, n)), cfg.gamma,
                                          cfg.gae_lambda)
@@ -177,8 +181,8 @@ class PPOAgent(OnPolicyAgent):
         params, opt_state, loss_metrics = ppo_update(
             k_update, learner.params, learner.opt_state, batch, apply_fn=self.apply, tx=self.tx,
             update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
-            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
-                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
+            loss_kwargs=dict(continuous=self.continuous, nvec=self.nvec, clip_eps=cfg.clip_eps,
+                             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
                              normalize_advantages=cfg.normalize_advantages),
             axis_name=axis_name)
         metrics = episode_metrics(traj, learner.version, axis_name)
@@ -210,7 +214,7 @@ class PPOAgent(OnPolicyAgent):
                                              jnp.zeros((t * n,), bool))
         final_values = final_values.reshape((t, n))
         if cfg.advantage_estimator == "vtrace":
-            log_rhos = distributions.log_prob(actor_out, traj["action"], self.continuous) - traj["log_prob"]
+            log_rhos = distributions.log_prob(actor_out, traj["action"], self.continuous, self.nvec) - traj["log_prob"]
             advantages, returns = vtrace(traj["reward"], values, last_value, final_values, traj["terminated"],
                                          traj["truncated"], log_rhos, cfg.gamma, cfg.gae_lambda)
         else:
@@ -241,8 +245,8 @@ class PPOAgent(OnPolicyAgent):
         params, opt_state, loss_metrics = ppo_update(
             k_update, params, learner.opt_state, batch, apply_fn=apply_columns, tx=self.tx,
             update_epochs=cfg.update_epochs, num_minibatches=cfg.num_minibatches,
-            loss_kwargs=dict(continuous=self.continuous, clip_eps=cfg.clip_eps, vf_coef=cfg.vf_coef,
-                             ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
+            loss_kwargs=dict(continuous=self.continuous, nvec=self.nvec, clip_eps=cfg.clip_eps,
+                             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, clip_value_loss=cfg.clip_value_loss,
                              normalize_advantages=cfg.normalize_advantages),
             axis_name=axis_name)
         metrics = episode_metrics(traj, learner.version, axis_name)

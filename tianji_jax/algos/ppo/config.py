@@ -87,9 +87,10 @@ class PPOConfig(OnPolicyConfig):
                 f"allowed values are at most {self.batch_size // 2}")
 
     def _check_env(self, spec: EnvSpec) -> None:
-        """PPO handles Discrete and 1-D Box action spaces."""
-        if spec.action_kind not in ("discrete", "continuous"):
-            raise ValueError(f"env: PPO handles Discrete and 1-D Box action spaces, got {spec.action_space!r}")
+        """PPO handles Discrete, MultiDiscrete (a factored categorical) and 1-D Box action spaces."""
+        if spec.action_kind not in ("discrete", "multi_discrete", "continuous"):
+            raise ValueError(f"env: PPO handles Discrete, MultiDiscrete and 1-D Box action spaces, got "
+                             f"{spec.action_space!r}")
 
     def describe(self) -> str:
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""

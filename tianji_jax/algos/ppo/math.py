@@ -156,7 +156,8 @@ class PPOBatch:
     Attributes:
         obs: ``(B, *obs_shape)`` observations as the policy saw them (normalised if enabled), or any
             pytree with leading axis ``B`` that ``apply_fn`` takes.
-        actions: ``(B,)`` int32 or ``(B, A)`` float32 (unclipped samples).
+        actions: ``(B,)`` int32 (Discrete), ``(B, len(nvec))`` int32 (MultiDiscrete) or ``(B, A)`` float32
+            (unclipped samples).
         log_probs: ``(B,)`` float32 behaviour-policy log-probabilities.
         values: ``(B,)`` float32 value estimates at acting time (for value clipping).
         advantages: ``(B,)`` float32.
@@ -177,6 +178,7 @@ def ppo_loss(
     batch: PPOBatch,
     *,
     continuous: bool,
+    nvec: tuple[int, ...] | None = None,
     clip_eps: float,
     vf_coef: float,
     ent_coef: float,
@@ -195,6 +197,9 @@ def ppo_loss(
         apply_fn: ``apply_fn(params, obs (B, *obs_shape)) -> (actor_out, value (B,))``.
         batch: a :class:`PPOBatch` of ``B`` transitions.
         continuous: Gaussian policy (``actor_out = (mean, log_std)``) if True, else categorical logits.
+        nvec: MultiDiscrete sizes: a factored categorical over logits ``(B, sum(nvec))`` and actions
+            ``(B, len(nvec))`` int32 (the log-probability and entropy are sums over the factors,
+            :func:`~tianji_jax.algos.distributions.factored_log_prob`); None otherwise.
         clip_eps: ratio clip ``eps`` (also the value-clipping range).
         vf_coef, ent_coef: weights of the value loss and the entropy bonus.
         clip_value_loss: clip the value error around ``batch.values`` (Huang et al. 2022).
@@ -208,7 +213,7 @@ def ppo_loss(
         ``value_loss``, ``entropy``, ``approx_kl`` ((r - 1) - log r, Schulman 2020), ``clip_fraction``.
     """
     actor_out, value = apply_fn(params, batch.obs)
-    logp = distributions.log_prob(actor_out, batch.actions, continuous)
+    logp = distributions.log_prob(actor_out, batch.actions, continuous, nvec)
     log_ratio = logp - batch.log_probs
     ratio = jnp.exp(log_ratio)
     adv = batch.advantages
@@ -225,7 +230,7 @@ def ppo_loss(
         v_clipped = batch.values + jnp.clip(value - batch.values, -clip_eps, clip_eps)
         v_err = jnp.maximum(v_err, (v_clipped - batch.returns) ** 2)
     v_loss = 0.5 * jnp.mean(v_err)
-    ent = jnp.mean(distributions.entropy(actor_out, continuous))
+    ent = jnp.mean(distributions.entropy(actor_out, continuous, nvec))
     loss = pg_loss + vf_coef * v_loss - ent_coef * ent
     metrics = {
         "policy_loss": pg_loss,
