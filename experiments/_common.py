@@ -148,3 +148,29 @@ class Timer:
     def __exit__(self, *exc):
         self.s = time.perf_counter() - self.t0
         return False
+
+
+def gymnax_random_rollout(num_envs: int, num_steps: int):
+    """``(rollout, reset)``, both jitted: ``reset(key) -> (state, obs)`` for ``num_envs`` gymnax
+    CartPole-v1 envs, and ``rollout(key, state) -> (key, state, reward_sum)``, a ``num_steps``-step
+    ``lax.scan`` with uniformly random actions (the env's bound: no policy). Each runs where its
+    inputs live."""
+    import jax
+
+    import tianji_jax as tj
+    from tianji_jax.envs.gymnax_env import GymnaxVecEnv
+
+    spec = tj.PPOConfig(env="gymnax:CartPole-v1").env_spec
+    env = GymnaxVecEnv(spec, num_envs)
+    n = spec.action_space.n
+
+    def rollout(k, state):
+        def body(carry, _):
+            k, s = carry
+            k, ka, ks = jax.random.split(k, 3)
+            s, ts = env.step(ks, s, jax.random.randint(ka, (num_envs,), 0, n))
+            return (k, s), ts.reward.sum()
+        (k, state), r = jax.lax.scan(body, (k, state), None, num_steps)
+        return k, state, r.sum()
+
+    return jax.jit(rollout), jax.jit(env.reset)

@@ -80,24 +80,9 @@ def _steady(curve: dict[str, np.ndarray]) -> float:
 def raw_sps(tj, jax, num_envs: int, num_steps: int, seconds: float) -> float:
     """Env steps per second of a jitted ``num_steps``-step scan of ``num_envs`` gymnax
     CartPole-v1 envs with uniformly random actions on the default device (compiled first)."""
-    from tianji_jax.envs.gymnax_env import GymnaxVecEnv
-
-    spec = tj.PPOConfig(env="gymnax:CartPole-v1").env_spec
-    env = GymnaxVecEnv(spec, num_envs)
-    n = spec.action_space.n
-
-    def rollout(k, state):
-        def body(carry, _):
-            k, s = carry
-            k, ka, ks = jax.random.split(k, 3)
-            s, ts = env.step(ks, s, jax.random.randint(ka, (num_envs,), 0, n))
-            return (k, s), ts.reward.sum()
-        (k, state), r = jax.lax.scan(body, (k, state), None, num_steps)
-        return k, state, r.sum()
-
-    fn = jax.jit(rollout)
+    fn, reset = C.gymnax_random_rollout(num_envs, num_steps)
     k = jax.random.PRNGKey(0)
-    state, _ = jax.jit(env.reset)(k)
+    state, _ = reset(k)
     k, state, r = fn(k, state)
     jax.block_until_ready(r)
     t0, n_steps = time.perf_counter(), 0

@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax.envs.gymnax_env import GymnaxVecEnv  # noqa: E402
 from tianji_jax.envs.host import EnvpoolVecEnv  # noqa: E402
 
 
@@ -94,22 +93,7 @@ _GYMNAX_RAW: dict = {}
 def _gymnax_rollout(num_envs: int, num_steps: int, device):
     key = (num_envs, num_steps, device.id)
     if key not in _GYMNAX_RAW:
-        spec = tj.PPOConfig(env="gymnax:CartPole-v1").env_spec
-        env = GymnaxVecEnv(spec, num_envs)
-        n = spec.action_space.n
-
-        def rollout(k, state):
-            def body(carry, _):
-                k, s = carry
-                k, ka, ks = jax.random.split(k, 3)
-                a = jax.random.randint(ka, (num_envs,), 0, n)
-                s, ts = env.step(ks, s, a)
-                return (k, s), ts.reward.sum()
-            (k, state), r = jax.lax.scan(body, (k, state), None, num_steps)
-            return k, state, r.sum()
-
-        fn = jax.jit(rollout)  # runs where its inputs live (the key is put on `device`)
-        init = jax.jit(env.reset)
+        fn, init = C.gymnax_random_rollout(num_envs, num_steps)  # runs where its inputs live
         _GYMNAX_RAW[key] = (fn, init)
     return _GYMNAX_RAW[key]
 
