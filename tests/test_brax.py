@@ -2,7 +2,7 @@
 
 * the adapter against brax itself: auto-reset with brax's true final observation, truncation at the
   time limit, brax's ``done`` as a termination kept apart from truncation, spaces and names;
-* a truncated step's GAE target bootstraps from V(final observation), not V(reset observation);
+* a truncated brax step's GAE target bootstraps from V(final observation), not V(reset observation);
 * PPO trains a few updates in Anakin and on async device actors, with episode statistics;
 * one-line refusals: brax missing (names the extra), unknown name, unknown backend or modifier.
 
@@ -20,7 +20,6 @@ import pytest
 pytest.importorskip("brax")
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax.algos.registry import agent_class_for  # noqa: E402
 from tianji_jax.envs import brax_env  # noqa: E402
 from tianji_jax.envs.registry import resolve_env  # noqa: E402
 from tianji_jax.envs.suites import SuiteParams  # noqa: E402
@@ -38,12 +37,12 @@ def walk():
     the adapter with ``key``, sets its episode step count to ``start_steps`` (so the 1000-step limit
     is reached in a few steps), then steps the adapter and, alongside, brax's own env from the same
     state (never reset) ``T`` times; also brax's reset observation for the reset key the adapter
-    draws inside each step."""
+    draws inside each step, and the first observation (``obs0``)."""
     env = resolve_env(PENDULUM).env
 
     @jax.jit
     def run(key, actions, start_steps):
-        _, state = env.reset(key)
+        obs0, state = env.reset(key)
         state = state.replace(steps=start_steps)
         keys = jax.random.split(jax.random.fold_in(key, 1), T)
 
@@ -57,7 +56,7 @@ def walk():
                                         final=info["final_observation"], steps=state.steps, brax_obs=inner.obs,
                                         brax_reward=inner.reward, brax_done=inner.done, fresh=fresh)
 
-        return jax.lax.scan(body, (state, state.inner), (keys, actions))[1]
+        return {**jax.lax.scan(body, (state, state.inner), (keys, actions))[1], "obs0": obs0}
 
     return lambda key, action, start: jax.tree.map(np.asarray, run(
         jax.random.key(key), jnp.full((T, 1), action, jnp.float32), jnp.int32(start)))
@@ -108,3 +107,67 @@ def test_a_fall_is_a_termination_apart_from_truncation(walk):
     assert w["steps"][fall] == 0
     at = walk(1, 1.0, LIMIT - fall - 1)  # the limit falls on the step of the fall
     assert at["term"][fall] and not at["trunc"][: fall + 1].any()
+
+
+
+def test_truncation_bootstraps_from_the_true_final_observation(walk):
+    """Budget ~5 s (reuses the compiled walk). On a brax transition with ``truncated=1`` the library's
+    GAE advantage is the hand-computed ``r + gamma * V(final_obs) - V(obs)`` (the trace is cut
+    there): V of the observation the episode ended in, not of the next episode's reset observation
+    that follows it; any fixed V shows it (a linear one here)."""
+    w = walk(0, 0.05, LIMIT - 4)  # truncated on step index 3, alive
+    value = lambda obs: obs @ np.array([0.5, -2.0, 1.5, 3.0], np.float32)  # noqa: E731
+    before = np.concatenate([w["obs0"][None], w["obs"][:-1]])  # the observation each step acted on
+    gamma, lam = 0.99, 0.95
+    adv, _ = tj.algos.ppo.gae(w["reward"], value(before), value(w["obs"][-1]), value(w["final"]), w["term"],
+                              w["trunc"], gamma, lam)
+    t = 3
+    assert w["trunc"][t] and not w["term"][t]
+    want = w["reward"][t] + gamma * value(w["final"][t]) - value(before[t])
+    wrong = w["reward"][t] + gamma * value(w["obs"][t]) - value(before[t])  # V(reset observation)
+    np.testing.assert_allclose(np.asarray(adv)[t], want, rtol=1e-5, atol=1e-6)
+    assert abs(want - wrong) > 1e-3
+
+
+# ---- learning ---------------------------------------------------------------------------------------
+PPO_SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_env_steps=4 * 16 * 3,
+                 eval_episodes=0, seed=0)
+
+
+@pytest.mark.parametrize("runtime", ["anakin", "async"])
+def test_ppo_trains_on_brax_with_episode_statistics(runtime):
+    """Budget ~25 s each (Anakin: one fused program; async: device actor and learner programs). Three
+    PPO updates with a Gaussian policy on 25-step episodes: finite losses, and episode returns and
+    lengths reported from the episodes that ended (falls and truncations)."""
+    config = tj.PPOConfig(env=PENDULUM + "|episode_length=25", runtime=runtime, **PPO_SMALL)
+    assert config.env_spec.action_kind == "continuous"
+    curve = tj.train(config, progress=False).curve
+    assert curve["env_steps"][-1] == 4 * 16 * 3
+    for key in ("value_loss", "policy_loss", "grad_norm", "episode_return_mean", "episode_length_mean"):
+        assert np.all(np.isfinite(curve[key])), (key, curve[key])
+    assert np.all((curve["episode_length_mean"] >= 1) & (curve["episode_length_mean"] <= 25))
+    assert np.all(curve["episode_return_mean"] > 0)  # inverted_pendulum pays 1 per step alive
+
+
+# ---- refusals ---------------------------------------------------------------------------------------
+def test_one_line_refusals(monkeypatch):
+    """Budget ~10 s (two brax envs built for the Discrete-only algorithms' refusals)."""
+    def refused(env, match):
+        with pytest.raises(ValueError, match=match) as err:
+            resolve_env(env)
+        assert "\n" not in str(err.value)
+
+    refused("brax:antt", r"env='brax:antt': unknown brax env 'antt'; allowed: \['ant', 'halfcheetah'")
+    refused("brax:swimmer", r"brax env 'swimmer' is not supported: .*jnp.clip\(a_min=")
+    refused("brax:ant|backend=warp", r"modifier 'backend' got value 'warp'; allowed: one of \['generalized'")
+    refused("brax:ant|episode_length=0", r"modifier 'episode_length' got value '0'; allowed: an integer >= 1")
+    refused("brax:ant|backend=spring|backend=spring", "modifier 'backend' given twice")
+    refused("brax:ant|frame_stak=2", "unknown wrapper 'frame_stak'")
+    with pytest.raises(ValueError, match="needs a Discrete action space|Discrete envs"):
+        tj.PQNConfig(env=PENDULUM)
+    with pytest.raises(ValueError, match="Discrete"):
+        tj.DQNConfig(env=PENDULUM)
+    find_spec = brax_env.importlib.util.find_spec
+    monkeypatch.setattr(brax_env.importlib.util, "find_spec", lambda name, *a: None if name == "brax"
+                        else find_spec(name, *a))
+    refused("brax:ant", r"^env='brax:ant': brax is not installed; install it with pip install \"tianji-jax\[brax\]\"$")
