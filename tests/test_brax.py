@@ -7,7 +7,9 @@
 * one-line refusals: brax missing (names the extra), unknown name, unknown backend or modifier.
 
 Every test uses the ``positional`` pipeline on ``inverted_pendulum`` (4 observations, 1 action),
-whose programs compile in seconds on a 2-core CPU (``generalized`` and ``mjx`` take minutes).
+the smallest env; still, each compiled program holding a brax step takes 20-30 s to compile on a
+shared 2-core CPU, so the adapter tests share one program (:func:`walk`) and the file has three such
+programs in all (the walk, Anakin's chunk, the async actor's and learner's), about 2-3 minutes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ pytest.importorskip("brax")
 import tianji_jax as tj  # noqa: E402
 from tianji_jax.envs import brax_env  # noqa: E402
 from tianji_jax.envs.registry import resolve_env  # noqa: E402
-from tianji_jax.envs.suites import SuiteParams  # noqa: E402
 
 PENDULUM = "brax:inverted_pendulum|backend=positional"
 
@@ -63,7 +64,7 @@ def walk():
 
 
 def test_spec_spaces_and_name():
-    """Budget ~10 s (builds four envs, tracing each reset once)."""
+    """Budget ~5 s (builds four envs, tracing each reset once)."""
     spec = resolve_env(PENDULUM + "|clip_action")
     assert spec.backend == "brax" and spec.name == "inverted_pendulum|backend=positional|clip_action"
     assert spec.action_space == tj.envs.Box((1,), np.float32, np.full(1, -1.0), np.full(1, 1.0))
@@ -76,7 +77,7 @@ def test_spec_spaces_and_name():
 
 
 def test_auto_reset_carries_brax_true_final_observation_and_truncates_at_the_limit(walk):
-    """Budget ~30 s (compiles the module's walk). A small push keeps the pole up; the episode starts 4
+    """Budget ~25 s (compiles the module's walk). A small push keeps the pole up; the episode starts 4
     steps before the 1000-step limit: steps 1-3 are brax's own, step 4 is a truncation whose final
     observation is brax's 4th observation and whose next observation is brax's reset observation
     for the adapter's reset key; the new episode then runs on from there."""
@@ -136,7 +137,8 @@ PPO_SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, t
 
 @pytest.mark.parametrize("runtime", ["anakin", "async"])
 def test_ppo_trains_on_brax_with_episode_statistics(runtime):
-    """Budget ~25 s each (Anakin: one fused program; async: device actor and learner programs). Three
+    """Budget ~60 s each on a loaded 2-core CPU (Anakin: its fused chunk, ~30 s to compile; async:
+    device actor and learner programs). Three
     PPO updates with a Gaussian policy on 25-step episodes: finite losses, and episode returns and
     lengths reported from the episodes that ended (falls and truncations)."""
     config = tj.PPOConfig(env=PENDULUM + "|episode_length=25", runtime=runtime, **PPO_SMALL)
@@ -151,7 +153,7 @@ def test_ppo_trains_on_brax_with_episode_statistics(runtime):
 
 # ---- refusals ---------------------------------------------------------------------------------------
 def test_one_line_refusals(monkeypatch):
-    """Budget ~10 s (two brax envs built for the Discrete-only algorithms' refusals)."""
+    """Budget ~5 s (two brax envs built for the Discrete-only algorithms' refusals)."""
     def refused(env, match):
         with pytest.raises(ValueError, match=match) as err:
             resolve_env(env)
