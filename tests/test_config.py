@@ -228,7 +228,7 @@ def test_unknown_env_id_lists_closest_ids():
 
 
 def test_unknown_backend_lists_allowed_backends():
-    with pytest.raises(ValueError, match=r"allowed backends: \['gymnax', 'craftax', 'jumanji', 'xminigrid', 'envpool', 'gymnasium'\]"):
+    with pytest.raises(ValueError, match=r"allowed backends: \['gymnax', 'craftax', 'jumanji', 'xminigrid', 'brax', 'envpool', 'gymnasium'\]"):
         PPOConfig(**{**BASE, "env": "foo:CartPole-v1"})
 
 

@@ -12,7 +12,7 @@ Dimensions of a cell (:class:`Cell`):
 * ``layout`` of the learners: ``"single"`` (one device), ``"data_parallel"``
   (``num_learner_devices > 1``), ``"groups"`` (``num_learner_groups > 1``) or ``"multi_host"``
   (``num_processes > 1``, ``jax.distributed``);
-* ``env``: ``"gymnax"`` (on the device: gymnax and the JAX suites craftax, jumanji, xminigrid),
+* ``env``: ``"gymnax"`` (on the device: gymnax, the JAX suites craftax, jumanji, xminigrid, and brax),
   ``"envpool"`` or ``"gymnasium"`` (on the host).
 
 Rules are checked in order; the first that matches a cell gives its reason. A cell no rule

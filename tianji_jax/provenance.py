@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["provenance"]
 
 _PACKAGES = ("tianji-jax", "jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "orbax-checkpoint", "numpy",
-             "craftax", "jumanji", "xminigrid")  # the env suites: None where not installed
+             "craftax", "jumanji", "xminigrid", "brax")  # the env suites and brax: None where not installed
 
 
 def _git_commit() -> str | None:

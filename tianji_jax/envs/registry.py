@@ -19,9 +19,10 @@ __all__ = ["EnvSpec", "resolve_env", "BACKENDS", "HOST_BACKENDS", "DEVICE_BACKEN
 
 SUITE_BACKENDS = ("craftax", "jumanji", "xminigrid")
 """The JAX env suites (optional extras, :data:`tianji_jax.envs.suites.SUITES`): device envs like gymnax."""
-DEVICE_BACKENDS = ("gymnax", *SUITE_BACKENDS)
+DEVICE_BACKENDS = ("gymnax", *SUITE_BACKENDS, "brax")
 BACKENDS = (*DEVICE_BACKENDS, "envpool", "gymnasium")
-"""Env backends known to the resolver. ``gymnax`` and the suites run on a JAX device (both runtimes);
+"""Env backends known to the resolver. ``gymnax``, the suites and ``brax`` (physics envs, an optional
+extra: :mod:`tianji_jax.envs.brax_env`) run on a JAX device (both runtimes);
 ``envpool`` and ``gymnasium`` run on the host (:mod:`tianji_jax.envs.host`, async runtime only)."""
 
 HOST_BACKENDS = ("envpool", "gymnasium")
@@ -204,7 +205,9 @@ def resolve_env(env: Any) -> EnvSpec:
             ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``). A host id may be
             followed by host modifiers (:data:`~tianji_jax.envs.latency.HOST_WRAPPER_SYNTAX`):
             ``"envpool:CartPole-v1|latency_ms=5"`` (a finite number of milliseconds >= 0) sets
-            :attr:`EnvSpec.latency_ms`, and the name ends in ``"|latency_ms=5"``.
+            :attr:`EnvSpec.latency_ms`, and the name ends in ``"|latency_ms=5"``. A brax id
+            (:mod:`tianji_jax.envs.brax_env`) may carry the modifiers ``backend`` and
+            ``episode_length`` among its terms: ``"brax:hopper|backend=positional"``.
 
     Raises:
         ValueError: unknown backend (allowed: :data:`BACKENDS`), unknown id (the message lists the
@@ -223,7 +226,7 @@ def resolve_env(env: Any) -> EnvSpec:
             raise ValueError(f"env={env!r}: unknown backend {backend!r}; allowed backends: {list(BACKENDS)}")
         if backend in HOST_BACKENDS:
             return _resolve_host(env, backend, env_id, wrappers)
-        if backend in SUITE_BACKENDS:
+        if backend in SUITE_BACKENDS or backend == "brax":
             return _resolve_suite(env, backend, env_id, wrappers)
         known = _gymnax_ids()
         if env_id not in known:
@@ -263,11 +266,17 @@ def resolve_env(env: Any) -> EnvSpec:
 
 
 def _resolve_suite(env: str, backend: str, env_id: str, wrappers: list[str]) -> EnvSpec:
-    """A JAX suite's id (:mod:`tianji_jax.envs.suites`), with the device wrappers; an env with an
-    action mask takes none (the mask must stay the observation's last entries)."""
-    from tianji_jax.envs.suites import make_suite_env
+    """A JAX suite's id (:mod:`tianji_jax.envs.suites`) or a brax id (:mod:`tianji_jax.envs.brax_env`:
+    its modifiers, then the wrappers), with the device wrappers; an env with an action mask takes none
+    (the mask must stay the observation's last entries)."""
+    if backend == "brax":
+        from tianji_jax.envs.brax_env import resolve_brax_id
 
-    obj = make_suite_env(backend, env_id.strip(), env)
+        obj, wrappers = resolve_brax_id(env_id, wrappers, env)
+    else:
+        from tianji_jax.envs.suites import make_suite_env
+
+        obj = make_suite_env(backend, env_id.strip(), env)
     name = obj.name
     if wrappers:
         if obj.action_mask_size:
