@@ -55,21 +55,8 @@ def _write_row(out: Path, platform: str, row: dict[str, Any]) -> None:
     row so far (columns: the union of keys, in first-seen order)."""
     rows = _ROWS.setdefault(platform, [])
     rows.append(row)
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    with open(out / f"accelerator_{platform}.csv", "w") as f:
-        f.write(",".join(cols) + "\n")
-        for r in rows:
-            f.write(",".join(_fmt(r.get(c, math.nan)) for c in cols) + "\n")
+    C.write_csv(rows, out / f"accelerator_{platform}.csv")
     print(json.dumps(row), flush=True)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    s = str(v)
-    return f'"{s}"' if "," in s else s
 
 
 def _steady(curve: dict[str, np.ndarray]) -> float:
