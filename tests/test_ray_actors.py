@@ -210,12 +210,15 @@ def test_dqn_ray_cells_of_the_capability_table_run(cluster, env, layout):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("env, layout", [("envpool:Pendulum-v1", {}), ("gymnasium:Pendulum-v1", {"num_learner_devices": 2}),
+@pytest.mark.parametrize("env, layout", [("envpool:Pendulum-v1", {"normalize_observations": True}),
+                                         ("gymnasium:Pendulum-v1", {"num_learner_devices": 2}),
                                          ("envpool:Pendulum-v1", {"num_learner_groups": 2})])
 def test_sac_ray_cells_of_the_capability_table_run(cluster, env, layout):
     """SAC's Ray cells, through the generic replay host actor the registry gives it (SAC registers
     no factory of its own): remote actors sample the squashed Gaussian on CPU and feed continuous
-    n-step transitions to the learner's replay; nothing lost, the replay ratio held."""
+    n-step transitions to the learner's replay; nothing lost, the replay ratio held. With
+    observation normalisation the remote actors act with the statistics published with the params,
+    and the learner's are those of every raw observation its replay holds."""
     config = tj.SACConfig(env=env, **{**DQN_SMALL, "replay_ratio": 1 / 8}, hidden_sizes=(32, 32),
                           total_env_steps=1200, eval_every_env_steps=400, **layout)
     result = tj.train(config, progress=False)
@@ -223,6 +226,12 @@ def test_sac_ray_cells_of_the_capability_table_run(cluster, env, layout):
     assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 800
     np.testing.assert_allclose(c["replay_ratio_observed"][-1], config.replay_ratio, rtol=0.25)
     assert np.all(np.isfinite(c["td_loss"])) and np.all(np.isfinite(c["alpha"]))
+    if config.normalize_observations:
+        replay, rms = result.state.replay, result.state.learner.obs_rms
+        obs = np.asarray(replay.data.obs, np.float64)[: int(replay.size)]
+        assert float(rms.count) == pytest.approx(len(obs) + 1e-4) and len(obs) >= 800
+        np.testing.assert_allclose(np.asarray(rms.mean), obs.mean(0), rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(rms.var), obs.var(0), rtol=2e-5, atol=1e-6)
 
 
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
@@ -354,8 +363,11 @@ def test_params_are_put_once_per_version_and_shared(cluster):
 
     pub = ParamPublisher()
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    r0, r0_again = pub.ref(params, 0), pub.ref({"w": np.zeros((2, 3), np.float32)}, 0)
+    r0, r0_again = pub.ref(params, 0), pub.ref(params, 0)
     assert r0 == r0_again and pub.puts == 1  # the second actor asking for version 0 gets the same object
     r1 = pub.ref({"w": params["w"] + 1}, 1)
     assert r1 != r0 and pub.puts == 2
+    # republished at the same version (a replay learner's fresh observation statistics): put again
+    refreshed = {"w": params["w"] + 1}
+    assert pub.ref(refreshed, 1) != r1 and pub.ref(refreshed, 1) == pub.ref(refreshed, 1) and pub.puts == 3
     np.testing.assert_array_equal(ray.get(r1, timeout=30)["w"], params["w"] + 1)

@@ -27,9 +27,11 @@ __all__ = ["replay_evaluator", "evaluate_replay", "train_replay", "replay_row", 
 
 def replay_evaluator(config: Any, num_episodes: int):
     """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` (the
-    agent's ``greedy_action``: DQN's ``argmax_a Q``, Mnih et al. 2015; SAC's squashed mean;
-    ``obs_rms`` unused, as in PPO's signature) on ``num_episodes`` separate envs (a separate host
-    env for envpool/gymnasium)."""
+    agent's ``greedy_action``: DQN's ``argmax_a Q``, Mnih et al. 2015; SAC's squashed mean) on
+    ``num_episodes`` separate envs (a separate host env for envpool/gymnasium); ``obs_rms`` (the
+    learner's observation statistics with ``normalize_observations``, frozen: read, never updated)
+    normalises what the policy sees, and is unused (None) otherwise."""
+    from tianji_jax.algos.replay_agent import ActingParams
     from tianji_jax.evaluation import make_policy_evaluate
     from tianji_jax.runtime.anakin import compile_key, one_device, shared_train
 
@@ -38,9 +40,14 @@ def replay_evaluator(config: Any, num_episodes: int):
         from tianji_jax.runtime.host_actor import make_host_evaluate
 
         return make_host_evaluate(config, jax.jit(trainer.agent.greedy_action), num_episodes)
-    device_eval = make_policy_evaluate(config.env_spec, trainer.agent.greedy_action, num_episodes,
+    agent = trainer.agent
+    device_eval = make_policy_evaluate(config.env_spec, agent.act_greedy, num_episodes,
                                        cache_key=("replay", compile_key(config), num_episodes))
-    return lambda params, _obs_rms, key: device_eval(params, key)
+
+    def evaluate(params: Any, obs_rms: Any, key: jax.Array):
+        acting = params if obs_rms is None else ActingParams(params, obs_rms)
+        return device_eval(acting, key)
+    return evaluate
 
 
 def evaluate_replay(config: Any, state: Any, num_episodes: int, seed: int) -> EvalResult:
@@ -48,7 +55,7 @@ def evaluate_replay(config: Any, state: Any, num_episodes: int, seed: int) -> Ev
     deterministic-policy episodes, the evaluation envs' key from ``seed`` (arguments checked by
     the caller)."""
     fn = replay_evaluator(config, num_episodes)
-    returns, lengths = jax.device_get(fn(state.params, None, jax.random.PRNGKey(seed)))
+    returns, lengths = jax.device_get(fn(state.params, state.obs_rms, jax.random.PRNGKey(seed)))
     return EvalResult(returns=np.asarray(returns, np.float64), lengths=np.asarray(lengths, np.int64))
 
 
@@ -195,7 +202,7 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
         meta = {"async_counters": snap["cut"]["counters"], "learner_groups": config.num_learner_groups,
                 "stacked_actors": len(actors) if len(actors) > 1 and actors[0] is not None else 0,
                 "has_actor": state.actor is not None}
-        return host_loop.AsyncRow(row, learner.params, None, m["nonfinite_skips"], state, inserted, meta)
+        return host_loop.AsyncRow(row, learner.params, learner.obs_rms, m["nonfinite_skips"], state, inserted, meta)
 
     stopped = host_loop.run_async(runner, files, emit, callback, every=every, total=total, make_row=make_row,
                                   close=runtime.close)

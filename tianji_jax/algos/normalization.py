@@ -45,6 +45,25 @@ class RunningMeanStd:
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
         return RunningMeanStd(mean, m2 / tot, tot)
 
+    def update_masked(self, x: jax.Array, mask: jax.Array) -> "RunningMeanStd":
+        """Fold in the rows of ``x`` ``(B, *shape)`` where ``mask`` ``(B,)`` bool is True (the same
+        parallel merge as :meth:`update` over those rows only; no change when none is True).
+
+        The batch mean and variance are computed in float32 over the selected rows; the count
+        grows by their number.
+        """
+        x = x.astype(jnp.float32)
+        w = mask.astype(jnp.float32).reshape((-1,) + (1,) * (x.ndim - 1))
+        b_count = jnp.sum(mask.astype(jnp.float32))
+        safe = jnp.maximum(b_count, 1.0)
+        b_mean = jnp.sum(x * w, axis=0) / safe
+        b_var = jnp.sum(w * (x - b_mean) ** 2, axis=0) / safe
+        delta = b_mean - self.mean
+        tot = self.count + b_count
+        mean = self.mean + delta * b_count / tot
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
+        return RunningMeanStd(mean, m2 / tot, tot)
+
     def normalize(self, x: jax.Array) -> jax.Array:
         """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``."""
         return jnp.clip((x.astype(jnp.float32) - self.mean) / jnp.sqrt(self.var + _EPS), -CLIP, CLIP)

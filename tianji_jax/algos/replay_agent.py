@@ -35,9 +35,11 @@ from flax import struct
 
 from tianji_jax import replay
 from tianji_jax.algos import dqn
+from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 
-__all__ = ["ReplayActorState", "ReplayLearnerState", "ReplayAgent", "HISTORY_KEYS", "window_transitions"]
+__all__ = ["ReplayActorState", "ReplayLearnerState", "ActingParams", "ReplayAgent", "HISTORY_KEYS",
+           "window_transitions"]
 
 HISTORY_KEYS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "policy_version", "valid")
 """Keys of an n-step window (:attr:`ReplayActorState.history`, the ``steps`` of :func:`window_transitions`)."""
@@ -77,6 +79,9 @@ class ReplayLearnerState:
         key: the learner's PRNG key (replay sampling, the agent's own draws).
         version: int32 scalar policy version = number of learner blocks run (parameter publications).
         gradient_steps: int32 scalar, optimizer steps taken (``version * updates_per_step``).
+        obs_rms: with ``normalize_observations``, the
+            :class:`~tianji_jax.algos.normalization.RunningMeanStd` of every observation inserted
+            into replay so far (float32, the observation's shape); None otherwise.
     """
 
     params: Any
@@ -85,6 +90,18 @@ class ReplayLearnerState:
     key: jax.Array
     version: jax.Array
     gradient_steps: jax.Array
+    obs_rms: Any = None
+
+
+@struct.dataclass
+class ActingParams:
+    """What replay actors act with under ``normalize_observations`` (published by the learner
+    with each policy version): the online ``params`` and the observation statistics ``obs_rms``
+    (:class:`~tianji_jax.algos.normalization.RunningMeanStd`) the learner had then. Without
+    normalisation the actors get the bare params instead."""
+
+    params: Any
+    obs_rms: RunningMeanStd
 
 
 def window_transitions(history: dict, steps: dict, gamma: float, n: int, gap: jax.Array | None = None
@@ -220,12 +237,61 @@ class ReplayAgent:
         ``num_actors``) after ``env_steps`` env steps of the whole run. Default: zeros."""
         return np.zeros((self.config.num_envs,), np.float32)
 
+    # ---- observation normalisation (Stable-Baselines3's VecNormalize with a replay buffer) --------
+    def with_statistics(self, learner: ReplayLearnerState) -> ReplayLearnerState:
+        """``learner`` with fresh observation statistics (:meth:`RunningMeanStd.create` of the
+        observation's shape) when the config normalises observations, else unchanged; a
+        subclass's :meth:`init_learner` returns its state through it."""
+        if not getattr(self.config, "normalize_observations", False):
+            return learner
+        return learner.replace(obs_rms=RunningMeanStd.create(self.obs_shape))
+
+    def observe(self, learner: ReplayLearnerState, items: dqn.Transition, mask: jax.Array) -> ReplayLearnerState:
+        """Fold the observations of a rollout's inserted transitions into ``learner.obs_rms``
+        (``items.obs`` ``(T * N, *obs_shape)``, rows where ``mask`` ``(T * N,)`` bool is True),
+        right after they enter replay: every step's observation is counted once, when its
+        transition is inserted (``n_step - 1`` steps after it was taken). Unchanged without
+        normalisation. Pure; the runtimes call it wherever they insert."""
+        if learner.obs_rms is None:
+            return learner
+        return learner.replace(obs_rms=learner.obs_rms.update_masked(items.obs, mask))
+
+    def acting_params(self, learner: ReplayLearnerState) -> Any:
+        """What actors act with: ``learner.params``, or an :class:`ActingParams` pair of the params
+        and the current observation statistics when the config normalises observations."""
+        if learner.obs_rms is None:
+            return learner.params
+        return ActingParams(learner.params, learner.obs_rms)
+
+    @staticmethod
+    def unpack(acting: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        """``(params, obs the network sees)`` from :meth:`acting_params`' value: ``obs`` normalised
+        (float32, clipped to [-10, 10]) with an :class:`ActingParams`' statistics, else unchanged."""
+        if isinstance(acting, ActingParams):
+            return acting.params, acting.obs_rms.normalize(obs)
+        return acting, obs
+
+    def normalize_batch(self, learner: ReplayLearnerState, batch: dqn.Transition) -> dqn.Transition:
+        """A sampled batch as the networks see it: ``obs`` and ``next_obs`` normalised with the
+        learner's current statistics (float32) when the config normalises observations (replay
+        holds raw observations), else unchanged."""
+        if learner.obs_rms is None:
+            return batch
+        return batch.replace(obs=learner.obs_rms.normalize(batch.obs), next_obs=learner.obs_rms.normalize(batch.next_obs))
+
+    def act_greedy(self, acting: Any, obs: jax.Array) -> jax.Array:
+        """:meth:`greedy_action` with :meth:`acting_params`' value (evaluation)."""
+        params, obs = self.unpack(acting, obs)
+        return self.greedy_action(params, obs)
+
     # ---- shared ---------------------------------------------------------------------------------
     def host_act(self, params: Any, obs: jax.Array, key: jax.Array, explore: jax.Array
                  ) -> tuple[jax.Array, jax.Array]:
         """Host actors' policy step: ``(actions (B, *action_shape), new key)`` for ``obs (B, *obs_shape)``
-        (any dtype; the network casts) with per-row exploration parameters ``explore (B,)`` float32."""
+        (any dtype; the network casts) with per-row exploration parameters ``explore (B,)`` float32;
+        ``params`` is :meth:`acting_params`' value (normalised observations when it carries statistics)."""
         key, *keys = jax.random.split(key, 1 + self.NUM_ACT_KEYS)
+        params, obs = self.unpack(params, obs)
         return self.explore(params, obs, tuple(keys), explore), key
 
     def split_init_key(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -285,7 +351,9 @@ class ReplayAgent:
         """``T = num_steps`` behaviour steps of the actor's ``N`` envs with ``params``.
 
         Args:
-            params: online params to act with.
+            params: what to act with (:meth:`acting_params`: the online params, or with
+                normalisation an :class:`ActingParams` whose statistics normalise each step's
+                observation before the network sees it; replay gets the raw ones).
             version: int32 scalar, the version of ``params``; every step is stamped with it.
             actor: the actor's state.
             explore: ``(N,)`` float32 per-env exploration parameters held for the whole rollout
@@ -308,7 +376,7 @@ class ReplayAgent:
             env_state, obs, key, env_steps = carry
             key, *keys, k_env = jax.random.split(key, 2 + self.NUM_ACT_KEYS)
             eps = self.env_explore(env_steps) if explore is None else explore
-            action = self.explore(params, obs, tuple(keys), eps)
+            action = self.explore(*self.unpack(params, obs), tuple(keys), eps)
             env_state, ts = self.env.step(k_env, env_state, action)
             out = {"obs": obs, "action": action, "reward": ts.reward, "terminated": ts.terminated,
                    "truncated": ts.truncated, "final_obs": ts.final_obs.astype(self.obs_dtype),

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.config_base import (_AgentConfig, _check_float, _check_int, _check_shared, _check_torso,
+from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared, _check_torso,
                                     _plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
@@ -90,6 +90,14 @@ class ReplayConfig(_AgentConfig):
     """Discount factor, in [0, 1]."""
     n_step: int = 3
     """Steps of the n-step return (1 = one-step TD target)."""
+    normalize_observations: bool = False
+    """Normalise observations by a running mean/std (clipped to [-10, 10]), as Stable-Baselines3's
+    VecNormalize does for replay algorithms: replay stores raw observations; the statistics fold in
+    every observation as it is inserted into replay (learner side, so several actors need no merge)
+    and are published with the params; actors act on observations normalised with the published
+    statistics, and sampled ``obs`` / ``next_obs`` are normalised with the current ones. Every env
+    backend and runtime with one learner group in one process; not with a frame replay (envpool
+    Atari) or an action mask."""
     hidden_sizes: tuple[int, ...] = (120, 84)
     """Hidden layer widths of the MLP (each network of the algorithm)."""
     activation: Literal["tanh", "relu"] = "relu"
@@ -189,6 +197,7 @@ class ReplayConfig(_AgentConfig):
         _check_int("learning_starts", self.learning_starts, minimum=0)
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
         _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
+        _check_bool("normalize_observations", self.normalize_observations)
         _check_float("replay_ratio", self.replay_ratio, low=0.0, low_open=True)
         _check_shared(self)
         self._check_fields()
@@ -255,6 +264,7 @@ class ReplayConfig(_AgentConfig):
         frames = self._check_env(spec)
         _check_torso(self, tuple(spec.observation_shape))
         object.__setattr__(self, "_frame_replay", frames)
+        self._check_normalize(frames)
         _check_distributed(self)
         _check_replay_layout(self, frames)
         self._check_head()
@@ -264,6 +274,22 @@ class ReplayConfig(_AgentConfig):
             replay.check_fits(self.replay_bytes)  # MemoryError before anything is allocated
         except MemoryError as err:
             raise MemoryError(f"buffer_capacity={self.buffer_capacity}: {err}") from None
+
+    def _check_normalize(self, frames: bool) -> None:
+        """``normalize_observations`` keeps one set of statistics, updated by the one learner that
+        inserts every observation: not with learner groups or several processes (each would see
+        only its own actors' observations), nor with a frame replay (it stores uint8 frames once)."""
+        if not self.normalize_observations:
+            return
+        if frames:
+            raise ValueError(f"normalize_observations=True is not supported with env {self.env!r}: its replay "
+                             "stores each uint8 frame once (the Atari frame replay), not observations to normalise; "
+                             "allowed: normalize_observations=False")
+        for field in ("num_learner_groups", "num_processes"):
+            if getattr(self, field) != 1:
+                raise ValueError(f"normalize_observations=True is not supported with {field}={getattr(self, field)}"
+                                 " yet: each learner group or process would fold in only its own actors' "
+                                 f"observations; allowed: {field}=1, or normalize_observations=False")
 
     # ---- hooks of a subclass (each raises ValueError / TypeError naming the field) ---------------
     def _check_fields(self) -> None:
@@ -374,7 +400,9 @@ class ReplayConfig(_AgentConfig):
                 f"steps ({procs}num_envs={self.num_envs} x num_steps={self.num_steps}) = {self.env_steps} env steps; "
                 f"after {self.learning_starts} env steps, {self.updates_per_step} gradient update(s) of batch "
                 f"{self.batch_size} per iteration (replay ratio {self.replay_ratio}) = {self.num_gradient_steps} "
-                f"gradient updates")
+                f"gradient updates" + ("; observations normalised by running statistics of what entered replay "
+                                       "(raw in replay, normalised when acted on and when sampled)"
+                                       if self.normalize_observations else ""))
 
     def _describe_runtime(self, policy: str = "deterministic") -> str:
         return (

@@ -189,9 +189,9 @@ class ReplayTrainState:
         return self.learner.params
 
     @property
-    def obs_rms(self) -> None:
-        """None: replay algorithms do not normalise observations (the host loop's common interface)."""
-        return None
+    def obs_rms(self) -> Any:
+        """The observation statistics evaluation acts with (``normalize_observations``), else None."""
+        return self.learner.obs_rms
 
     @property
     def env_steps(self) -> jax.Array:
@@ -279,9 +279,12 @@ class ReplayAnakin:
     def _iteration(self, state: ReplayTrainState, _):
         agent, cfg, learner = self.agent, self.config, state.learner
         # act: T steps of the N envs with the newest params, n-step transitions
-        actor, items, item_version, mask, stats = agent.rollout(learner.params, learner.version, state.actor)
-        # insert them into replay, stamped with the acting version
+        actor, items, item_version, mask, stats = agent.rollout(agent.acting_params(learner), learner.version,
+                                                                state.actor)
+        # insert them into replay, stamped with the acting version (raw observations; normalisation's
+        # statistics fold them in as they enter)
         rs = self._insert(state.replay, items, item_version, mask)
+        learner = agent.observe(learner, items, mask)
         # learn: a block of updates_per_step gradient updates once learning started (version + 1)
         learn_now = actor.env_steps > cfg.learning_starts
         shapes = jax.eval_shape(self._learn, learner, rs, actor.env_steps)[2]

@@ -115,9 +115,10 @@ class AsyncReplay:
                 parts = make_agent(key)
                 _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
                                    jax.jit(parts.learn, donate_argnums=1), jax.jit(parts.host_act),
+                                   jax.jit(parts.observe),
                                    jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)),
                                    jax.jit(parts.insert_frames, donate_argnums=0) if parts.frame_replay else None)
-            (self.parts, self._rollout, self._insert, self._learn, host_act, build,
+            (self.parts, self._rollout, self._insert, self._learn, host_act, self._observe, build,
              self._insert_frames) = _JIT_CACHE[key]
             if self.multi:  # every process's learners: local replay shards, one global learner block
                 skey = (key, "multi", tuple(d.id for d in global_learners))
@@ -206,7 +207,7 @@ class AsyncReplay:
         c = config.iteration_env_steps
         self.runner = ReplayRunner(
             actors=actors, insert=self._insert_chunks,
-            learn=self._learn_block, initial_params=self.local_learner_state.params,
+            learn=self._learn_block, initial_params=self.parts.acting_params(self.local_learner_state),
             num_updates=config.learning_iterations // groups, chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size // procs,
             min_size=config.learning_starts // groups // procs,
@@ -391,6 +392,8 @@ class AsyncReplay:
                                                         np.int32(a * self.config.num_envs), np.bool_(gap))
             else:
                 self.replay_states[group] = self._insert(self.replay_states[group], items, item_version, mask)
+                if self.learner_states[group].obs_rms is not None:
+                    self._observe_inserted(group, items, mask)
             host = jax.device_get(stats)
             stats_g["episode_return_sum"] += float(host["episode_return_sum"])
             stats_g["episode_length_sum"] += float(host["episode_length_sum"])
@@ -398,6 +401,15 @@ class AsyncReplay:
             if self.explore_metric is not None:
                 self._actor_epsilon[chunk.actor_id] = float(host[self.explore_metric])
         self.epsilon = float(np.mean(self._actor_epsilon))
+
+    def _observe_inserted(self, group: int, items: Any, mask: Any) -> None:
+        """Normalisation: fold the observations that just entered group ``group``'s replay into
+        its learner's statistics and republish them with the current params at the current version
+        (as Anakin's next iteration acts with them, also before the first learner block)."""
+        learner = self._observe(self.learner_states[group], items, mask)
+        self.learner_states[group] = learner
+        store = self.runner.stores[group]
+        store.publish(self.parts.acting_params(learner), store.version)
 
     def _learn_block(self, group: int, version: int):
         if self.multi:
@@ -420,7 +432,7 @@ class AsyncReplay:
         explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
         metrics = {**metrics, **self.episode_stats[group], **explore, "replay_size": int(size)}
         self._zero_stats(group)
-        return learner.params, metrics
+        return self.parts.acting_params(learner), metrics
 
     def _learn_global(self, version: int):
         """Multi-host: one learner block as a collective over every process (each samples its

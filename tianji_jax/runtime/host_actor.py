@@ -105,7 +105,13 @@ class HostActor:
 
     Subclasses change what is acted (:meth:`_act`) and what happens when leftovers are dropped
     (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.replay_host.ReplayHostActor`) does both.
+    A subclass whose learner keeps the statistics itself sets :attr:`HOST_STATISTICS` False.
     """
+
+    HOST_STATISTICS: bool = True
+    """Whether ``normalize_observations`` / ``scale_rewards`` make this actor keep host statistics
+    (the on-policy path); the replay actor sets it False: its learner folds in the raw observations
+    it inserts and publishes the statistics with the params."""
 
     def __init__(self, config: PPOConfig | DQNConfig, policy: Callable | None, actor_id: int, key: jax.Array,
                  actor_device: Any, to_learner: Callable[[dict], dict], timer: Callable[[str, float], None],
@@ -117,7 +123,7 @@ class HostActor:
         seed = config.seed if seed is None else seed
         self.env = spec.make_host_env(config.num_envs, host_env_seed(seed, actor_id, config.num_envs),
                                       config.env_batch_size, atari=getattr(config, "atari_settings", None))
-        self.normalizer = HostNormalizer.for_config(config)
+        self.normalizer = HostNormalizer.for_config(config) if self.HOST_STATISTICS else None
         obs_space = spec.observation_space
         if self.normalizer is not None and self.normalizer.normalize_observations:
             obs_space = Box(obs_space.shape, np.dtype(np.float32), np.full(obs_space.shape, -np.inf),

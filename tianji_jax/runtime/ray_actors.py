@@ -224,10 +224,10 @@ class RayContext:
 class ParamPublisher:
     """Params in the object store, one ``ray.put`` per policy version, shared by every actor.
 
-    :meth:`ref` returns the object ref for ``(params, version)``: the first caller for a new
-    version copies ``params`` to host memory (numpy) and puts them; later callers for the same
-    version get the same ref. Only the newest version's ref is held (Ray frees older ones once the
-    rollouts using them finish). Thread-safe.
+    :meth:`ref` returns the object ref for ``(params, version)``: the first caller for a new version
+    (or a new object republished at it: a replay learner's fresh observation statistics) copies
+    ``params`` to host memory and puts them; later callers get the same ref. Only the newest ref
+    is held (Ray frees older ones once the rollouts using them finish). Thread-safe.
 
     Attributes:
         puts: number of ``ray.put`` calls made (one per version published to actors).
@@ -235,7 +235,7 @@ class ParamPublisher:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._version: int | None = None
+        self._version, self._source = None, None  # the version and the object (identity) the ref holds
         self._ref = None
         self.puts = 0
 
@@ -245,9 +245,9 @@ class ParamPublisher:
 
         ray = require_ray()
         with self._lock:
-            if self._version != version:
+            if self._version != version or params is not self._source:
                 self._ref = ray.put(jax.device_get(params))
-                self._version = int(version)
+                self._version, self._source = int(version), params
                 self.puts += 1
             return self._ref
 

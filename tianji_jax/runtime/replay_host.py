@@ -154,6 +154,8 @@ class ReplayHostActor(HostActor):
         their epsilons when the chunk is complete).
     """
 
+    HOST_STATISTICS = False  # normalisation: the learner's statistics come with the params (ActingParams)
+
     def __init__(self, config: Any, parts: ReplayAgent, host_act: Callable, build: Callable, actor_id: int,
                  key: jax.Array, actor_device: Any, to_learner: Callable | None, run_env_steps: Callable[[], int],
                  timer: Callable[[str, float], None], seed: int | None = None):

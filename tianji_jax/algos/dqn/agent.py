@@ -158,7 +158,8 @@ class DQNAgent(ReplayAgent):
         key, k_net = jax.random.split(key)
         params = self.network.init(k_net, jnp.zeros((1, *self.obs_shape), jnp.float32))
         zero = jnp.zeros((), jnp.int32)
-        return DQNLearnerState(params, jax.tree.map(jnp.copy, params), self.tx.init(params), key, zero, zero)
+        return self.with_statistics(DQNLearnerState(params, jax.tree.map(jnp.copy, params), self.tx.init(params),
+                                                    key, zero, zero))
 
     def init_replay(self, num_actors: int = 1, check_memory: bool = False, capacity: int | None = None) -> Any:
         """An empty replay buffer of ``capacity`` (default ``buffer_capacity``) transitions: a
@@ -306,6 +307,7 @@ class DQNAgent(ReplayAgent):
             else:
                 s = replay.sample(rs, k_sample, batch_size)
                 batch = s.item
+            batch = self.normalize_batch(lrn, batch)  # raw observations in replay, normalised as sampled
             step = guard.gradient_step(self._loss, self.tx, lrn.params, lrn.opt_state, lrn.target_params, batch,
                                        s.weights if cfg.prioritized else None, axis_name=axis_name)
             loss, (td, q_a), params, opt_state = step.loss, step.aux, step.params, step.opt_state
@@ -327,7 +329,8 @@ class DQNAgent(ReplayAgent):
             metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": step.grad_norm,
                        "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max,
                        SKIP_METRIC: skip_count(finite)}
-            return (DQNLearnerState(params, target, opt_state, key, lrn.version, steps), rs), metrics
+            return (lrn.replace(params=params, target_params=target, opt_state=opt_state, key=key,
+                                gradient_steps=steps), rs), metrics
 
         # XLA:CPU runs convolutions inside a while loop (lax.scan, even unroll=True) ~5-15x slower
         # than outside one (jax 0.10, Nature CNN batch 16: 0.35 s against 0.07 s per learner block

@@ -125,7 +125,8 @@ class SACAgent(ReplayAgent):
                   "log_alpha": jnp.asarray(jnp.log(self.config.init_alpha), jnp.float32)}
         opt_state = {k: tx.init(params[k]) for k, tx in self.tx.items()}
         zero = jnp.zeros((), jnp.int32)
-        return ReplayLearnerState(params, jax.tree.map(jnp.copy, params["critic"]), opt_state, key, zero, zero)
+        return self.with_statistics(ReplayLearnerState(params, jax.tree.map(jnp.copy, params["critic"]), opt_state,
+                                                       key, zero, zero))
 
     def _update(self, lrn: ReplayLearnerState, batch: dqn.Transition, keys: tuple[jax.Array, jax.Array],
                 axis_name: str | None) -> tuple[dict, Any, dict, jax.Array, dict]:
@@ -204,12 +205,14 @@ class SACAgent(ReplayAgent):
             if axis_name is not None:  # each replica draws from its own shard
                 k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
             s = self.sample(rs, k_sample, batch_size)
-            params, target, opt_state, finite, metrics = self._update(lrn, s.item, (k_next, k_pi), axis_name)
+            batch = self.normalize_batch(lrn, s.item)  # raw observations in replay, normalised as sampled
+            params, target, opt_state, finite, metrics = self._update(lrn, batch, (k_next, k_pi), axis_name)
             lag = lrn.version - s.policy_version
             lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
             metrics = {**metrics, "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))),
                        "policy_lag_max": lag_max, SKIP_METRIC: skip_count(finite)}
-            new = ReplayLearnerState(params, target, opt_state, key, lrn.version, lrn.gradient_steps + 1)
+            new = lrn.replace(params=params, target_params=target, opt_state=opt_state, key=key,
+                              gradient_steps=lrn.gradient_steps + 1)
             return (new, rs), metrics
 
         (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None, length=cfg.updates_per_step)

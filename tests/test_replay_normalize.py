@@ -1,0 +1,167 @@
+"""Observation normalisation on the replay data path (``normalize_observations`` of the DQN family
+and SAC), as Stable-Baselines3's VecNormalize does it with a replay buffer: replay stores raw
+observations, the statistics fold in every observation as it enters replay (so several actors
+need no merge), actors act with the statistics published with the params, sampled batches are
+normalised with the current ones, evaluation reads them frozen and resume restores them exactly.
+
+Budgets (2-core CPU, shared compilation cache): about 2-3 min for the file; each run is a few
+hundred env steps of 32-unit networks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tianji_jax as tj
+from resume_check import assert_same_leaves, full_and_resumed
+from tianji_jax.algos.normalization import CLIP, RunningMeanStd
+from tianji_jax.algos.replay_agent import ActingParams
+
+SMALL = dict(num_envs=4, num_steps=2, learning_starts=64, buffer_capacity=1024, batch_size=32, replay_ratio=0.25,
+             hidden_sizes=(32, 32), total_env_steps=400, eval_every_env_steps=200, eval_episodes=2, seed=0)
+RANDOM_DQN = dict(epsilon_start=1.0, epsilon_end=1.0)  # actions never depend on the network
+RTOL, ATOL = 2e-5, 1e-6  # float32: the running merge against NumPy's float64 one-pass statistics
+
+
+def _numpy_stats(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(obs, np.float64).reshape(len(obs), -1)
+    return x.mean(0), x.var(0)
+
+
+def _assert_stats_of(rms: RunningMeanStd, obs: np.ndarray) -> None:
+    """``rms`` is the running statistics of exactly the rows of ``obs`` (after the 1e-4 prior)."""
+    mean, var = _numpy_stats(obs)
+    assert float(rms.count) == pytest.approx(len(obs) + 1e-4, rel=1e-6)
+    np.testing.assert_allclose(np.asarray(rms.mean).reshape(-1), mean, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(rms.var).reshape(-1), var, rtol=RTOL, atol=ATOL)
+
+
+def _stored_obs(replay) -> np.ndarray:
+    """Every observation in a replay (one buffer, or the shards stacked on a leading axis)."""
+    obs, size = np.asarray(replay.data.obs), np.asarray(replay.size)
+    if size.ndim == 0:
+        return obs[: int(size)]
+    return np.concatenate([o[: int(s)] for o, s in zip(obs, size)])
+
+
+def test_masked_update_is_the_merge_over_the_selected_rows():
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(3.0, 2.0, (50, 3)).astype(np.float32), rng.normal(-1.0, 0.5, (40, 3)).astype(np.float32)
+    m1, m2 = rng.random(50) < 0.6, rng.random(40) < 0.3
+    rms = RunningMeanStd.create((3,)).update_masked(jnp.asarray(x1), jnp.asarray(m1))
+    rms = rms.update_masked(jnp.asarray(x2), jnp.asarray(m2))
+    _assert_stats_of(rms, np.concatenate([x1[m1], x2[m2]]))
+    same = rms.update_masked(jnp.asarray(x2), jnp.zeros(40, bool))  # nothing selected: unchanged
+    assert_same_leaves(rms, same)
+
+
+def test_anakin_folds_in_exactly_the_raw_observations_replay_holds():
+    """Random actions, so the normalised run's env trajectory equals the plain run's: replay holds
+    the same raw observations bit for bit, and the statistics are those of exactly them."""
+    config = tj.DQNConfig(**SMALL, **RANDOM_DQN, normalize_observations=True)
+    norm = tj.train(config, progress=False)
+    plain = tj.train(config.replace(normalize_observations=False), progress=False)
+    stored = _stored_obs(norm.state.replay)
+    np.testing.assert_array_equal(stored, _stored_obs(plain.state.replay))
+    assert len(stored) == 392  # 400 steps, the last n_step - 1 = 2 of each of the 4 envs still in the window
+    _assert_stats_of(norm.state.learner.obs_rms, stored)
+    assert plain.state.learner.obs_rms is None and plain.state.obs_rms is None
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac"])
+def test_async_sync_equals_anakin_with_normalisation(algo):
+    """The ``sync`` schedule reproduces Anakin bit for bit: the learner folds in each inserted
+    chunk and republishes the statistics with the params, also before its first block (SAC's
+    policy acts at ``learning_starts``, one iteration before it)."""
+    cls = tj.DQNConfig if algo == "dqn" else tj.SACConfig
+    config = cls(**SMALL, normalize_observations=True)
+    anakin = tj.train(config, progress=False)
+    sync = tj.train(config.replace(runtime="async", schedule="sync"), progress=False)
+    assert_same_leaves(anakin.params, sync.params)
+    assert_same_leaves(anakin.state.learner.obs_rms, sync.state.learner.obs_rms)
+    assert anakin.curve["eval_return_mean"][-1] == sync.curve["eval_return_mean"][-1]
+
+
+@pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"], ids=["device", "host"])
+def test_two_async_actors_share_the_learners_statistics(env):
+    """Two actor threads (device actors, or host actors stepping gymnasium envs) feed one replay:
+    the learner's statistics are those of every observation in it (nothing merged, nothing lost)."""
+    config = tj.DQNConfig(**SMALL, runtime="async", num_actors=2, normalize_observations=True, env=env)
+    result = tj.train(config, progress=False)
+    stored = _stored_obs(result.state.replay)
+    assert len(stored) >= 300  # the run's inserts less each env's n-step window (2 actors x 4 envs x 2 steps)
+    _assert_stats_of(result.state.learner.obs_rms, stored)
+    assert np.all(np.isfinite(result.curve["td_loss"]))
+
+
+def test_data_parallel_learners_fold_in_every_shard():
+    """Two data-parallel learners (replay sharded by env): the replicated statistics cover both shards."""
+    config = tj.DQNConfig(**SMALL, **RANDOM_DQN, normalize_observations=True, num_learner_devices=2)
+    result = tj.train(config, progress=False)
+    stored = _stored_obs(result.state.replay)
+    assert len(stored) == 392
+    _assert_stats_of(result.state.learner.obs_rms, stored)
+
+
+def test_acting_evaluation_and_sampling_read_the_statistics():
+    config = tj.DQNConfig(**SMALL, normalize_observations=True)
+    trainer = tj.make_train(config, 1)
+    agent = trainer.agent
+    learner = agent.init_learner(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(1)
+    rms = RunningMeanStd(jnp.asarray([1.0, -2.0, 0.5, 3.0]), jnp.asarray([4.0, 0.25, 1.0, 9.0]), jnp.asarray(10.0))
+    learner = learner.replace(obs_rms=rms)
+    obs = jnp.asarray(rng.normal(0.0, 5.0, (64, 4)).astype(np.float32))
+    by_hand = np.clip((np.asarray(obs) - np.asarray(rms.mean)) / np.sqrt(np.asarray(rms.var) + 1e-8), -CLIP, CLIP)
+    acting = agent.acting_params(learner)
+    assert isinstance(acting, ActingParams)
+    np.testing.assert_allclose(np.asarray(agent.unpack(acting, obs)[1]), by_hand, rtol=1e-6, atol=1e-6)
+    greedy = agent.greedy_action(learner.params, jnp.asarray(by_hand, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(agent.act_greedy(acting, obs)), np.asarray(greedy))
+    key, eps = jax.random.PRNGKey(2), jnp.zeros(64, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(agent.host_act(acting, obs, key, eps)[0]), np.asarray(greedy))
+    batch = agent.example_item.__class__(obs=obs, action=jnp.zeros(64, jnp.int32), reward=jnp.zeros(64),
+                                         discount=jnp.ones(64), next_obs=obs + 1.0)
+    seen = agent.normalize_batch(learner, batch)
+    np.testing.assert_allclose(np.asarray(seen.obs), by_hand, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(seen.next_obs), np.asarray(rms.normalize(obs + 1.0)), rtol=0, atol=0)
+    plain = agent.init_learner(jax.random.PRNGKey(0)).replace(obs_rms=None)  # no normalisation: untouched
+    assert agent.acting_params(plain) is plain.params and agent.normalize_batch(plain, batch) is batch
+
+
+def test_resume_restores_the_statistics_and_evaluation_leaves_them(tmp_path):
+    config = tj.DQNConfig(**SMALL, normalize_observations=True)
+    full, resumed = full_and_resumed(config, tmp_path)
+    assert_same_leaves(full.state, resumed.state)  # obs_rms included, bit for bit
+    loaded = tj.load(tmp_path / "full")
+    assert_same_leaves(loaded.state.learner.obs_rms, full.state.learner.obs_rms)
+    before = jax.tree.map(np.array, loaded.state.learner.obs_rms)
+    first = tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=3)
+    again = tj.evaluate(loaded.config, loaded.state, num_episodes=2, seed=3)
+    np.testing.assert_array_equal(first["returns"], again["returns"])
+    assert_same_leaves(before, loaded.state.learner.obs_rms)  # evaluation reads them, never updates
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(normalize_observations=1), TypeError, r"normalize_observations must be a bool"),
+    (dict(normalize_observations=True, runtime="async", num_learner_groups=2, num_actors=2), ValueError,
+     r"normalize_observations=True is not supported with num_learner_groups=2 yet.*allowed: num_learner_groups=1"),
+    (dict(normalize_observations=True, env="jumanji:Maze-v0"), ValueError,
+     r"normalize_observations=True is not supported with env 'jumanji:Maze-v0', which has an action mask"),
+])
+def test_bad_normalisation_configs_are_refused_in_one_line(kwargs, exc, match):
+    if "jumanji" in str(kwargs.get("env", "")):
+        pytest.importorskip("jumanji")
+    with pytest.raises(exc, match=match) as info:
+        tj.DQNConfig(**{**SMALL, **kwargs})
+    assert "\n" not in str(info.value)
+
+
+def test_the_atari_frame_replay_is_refused():
+    pytest.importorskip("envpool")
+    with pytest.raises(ValueError, match=r"normalize_observations=True is not supported with env 'envpool:Pong-v5'"
+                                         r": its replay stores each uint8 frame once") as info:
+        tj.DQNConfig(env="envpool:Pong-v5", runtime="async", normalize_observations=True)
+    assert "\n" not in str(info.value)
