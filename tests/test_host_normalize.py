@@ -94,8 +94,10 @@ def test_normalizer_matches_hand_computed_values():
 
 
 @pytest.mark.timeout(300)
-def test_two_actors_act_with_the_merged_statistics_of_every_produced_observation(monkeypatch):
-    """Budget: one async run of 6 updates (2 actors x 4 envs x 16 steps), ~30 s."""
+@pytest.mark.parametrize("layout", [{}, {"num_learner_groups": 2}], ids=["one_learner", "learner_groups"])
+def test_two_actors_act_with_the_merged_statistics_of_every_produced_observation(monkeypatch, layout):
+    """Budget: one async run of 6 updates (2 actors x 4 envs x 16 steps), ~30 s. With two learner
+    groups each group's learner thread publishes the one shared set of statistics with its params."""
     raw: dict[int, list[np.ndarray]] = {0: [], 1: []}
     published, received, shared = [], [], []
     wrap, pub, sync, init = (host_actor_mod.HostActor._wrap, SharedStatistics.published, HostNormalizer.sync,
@@ -122,7 +124,7 @@ def test_two_actors_act_with_the_merged_statistics_of_every_produced_observation
     monkeypatch.setattr(SharedStatistics, "published", record_published)
     monkeypatch.setattr(HostNormalizer, "sync", record_sync)
     monkeypatch.setattr(SharedStatistics, "__init__", record_init)
-    config = tj.PPOConfig(**HOST, num_actors=2, schedule="relaxed", total_env_steps=6 * 4 * 16)
+    config = tj.PPOConfig(**HOST, num_actors=2, schedule="relaxed", total_env_steps=6 * 4 * 16, **layout)
     result = tj.train(config, progress=False)
 
     def reference(merged: dict) -> MeanStd:

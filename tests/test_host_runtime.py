@@ -17,10 +17,6 @@ SMALL = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total
 @pytest.mark.parametrize("kwargs, field", [
     (dict(env="envpool:CartPole-v1", runtime="anakin"), "runtime"),
     (dict(env="gymnasium:CartPole-v1", runtime="anakin"), "runtime"),
-    (dict(env="envpool:CartPole-v1", normalize_observations=True, num_actors=2, num_learner_groups=2,
-          schedule="relaxed"), "normalize_observations=True with host env backends .* num_learner_groups=2"),
-    (dict(env="envpool:CartPole-v1", scale_rewards=True, num_actors=2, num_learner_groups=2, schedule="relaxed"),
-     "scale_rewards=True with host env backends .* num_learner_groups=2"),
     (dict(env="gymnax:CartPole-v1", env_batch_size=2), "env_batch_size"),
     (dict(env="gymnasium:CartPole-v1", env_batch_size=2), "env_batch_size"),
     (dict(env="envpool:CartPole-v1", env_batch_size=5), "env_batch_size"),

@@ -125,13 +125,12 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
     for name in ("normalize_observations", "scale_rewards"):
         if not getattr(config, name, False):
             continue
-        # host actors' statistics are merged by the one learner thread of one process
-        for field, value in (("num_learner_groups", getattr(config, "num_learner_groups", 1)),
-                             ("num_processes", getattr(config, "num_processes", 1))):
-            if value != 1:
-                raise ValueError(f"{name}=True with host env backends ({spec.backend}) is not supported with "
-                                 f"{field}={value} yet (the actors' statistics are merged by one learner); "
-                                 f"allowed: {field}=1, or {name}=False")
+        # host actors' statistics are merged in one process (every learner group's thread shares them)
+        procs = getattr(config, "num_processes", 1)
+        if procs != 1:
+            raise ValueError(f"{name}=True with host env backends ({spec.backend}) is not supported with "
+                             f"num_processes={procs} yet (the actors' statistics are merged in one process); "
+                             f"allowed: num_processes=1, or {name}=False")
 
 
 def _check_replay_layout(config: Any, frames: bool) -> None:
