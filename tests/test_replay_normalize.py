@@ -165,3 +165,13 @@ def test_the_atari_frame_replay_is_refused():
                                          r": its replay stores each uint8 frame once") as info:
         tj.DQNConfig(env="envpool:Pong-v5", runtime="async", normalize_observations=True)
     assert "\n" not in str(info.value)
+
+
+def test_describe_lists_the_env_layer():
+    """``describe()`` names the id's wrappers and the statistics the config keeps, for every data path."""
+    sac = tj.SACConfig(env="gymnax:Pendulum-v1|clip_action", normalize_observations=True).describe()
+    assert ("env layer: wrappers clip_action (from the env id); observation normalisation by running mean/std, "
+            "clipped to [-10, 10] (observations raw in replay") in sac
+    ppo = tj.PPOConfig(env="gymnax:Pendulum-v1", normalize_observations=True, scale_rewards=True).describe()
+    assert "stored normalised); reward scaling by the running std of the discounted return" in ppo
+    assert "env layer" not in tj.DQNConfig().describe() and "env layer" not in tj.PPOConfig().describe()

@@ -127,6 +127,21 @@ def _check_shared(config: Any) -> None:
             raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
 
 
+def _describe_env_layer(config: Any, normalised: str = "acted on and learned from") -> str:
+    """The env layer of ``describe()``: the wrappers the env id names (``|``-separated, applied
+    left to right) and the statistics the config asks for (observation normalisation, reward
+    scaling); empty when there are none. ``normalised`` says where normalised observations are used."""
+    name = config.env_spec.name if isinstance(config.env, str) else ""
+    wrappers = name.split("|")[1:]
+    parts = [f"wrappers {', '.join(wrappers)} (from the env id)"] if wrappers else []
+    if getattr(config, "normalize_observations", False):
+        parts.append("observation normalisation by running mean/std, clipped to [-10, 10] "
+                     f"(observations {normalised})")
+    if getattr(config, "scale_rewards", False):
+        parts.append("reward scaling by the running std of the discounted return")
+    return f"; env layer: {'; '.join(parts)}" if parts else ""
+
+
 def _torso_text(config: Any) -> str:
     """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.resolve_torso`)."""
     from tianji_jax.networks import resolve_torso, torso_path

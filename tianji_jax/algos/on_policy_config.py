@@ -17,7 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import tyro
 
 from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared,
-                                    _check_torso, _plain_numbers, fields_in, layout, run, tianji)
+                                    _check_torso, _describe_env_layer, _plain_numbers, fields_in, layout, run,
+                                    tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
                                       _check_ray)
@@ -360,7 +361,8 @@ class OnPolicyConfig(_AgentConfig):
 
     def _describe_runtime(self) -> str:
         """The runtime part of ``describe()``: Anakin or the async runtime, Ray, groups, processes."""
-        return ((f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
+        return (_describe_env_layer(self, "folded in before they are acted on, stored normalised")
+                + (f"; async runtime, schedule {self.schedule}, {self.num_actors} actor(s), max_policy_lag "
                  f"{self.policy_lag_bound}" if self.runtime == "async" else "; Anakin runtime")
                 + (f"; actors on Ray ({self.ray_address or 'local instance'}, max_restarts {self.ray_max_restarts})"
                    if self.actor_backend == "ray" else "")

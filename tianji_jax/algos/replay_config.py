@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import tyro
 
 from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared, _check_torso,
-                                    _plain_numbers, fields_in, layout, run, tianji)
+                                    _describe_env_layer, _plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax import capabilities
 from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
                                      _check_replay_layout)
@@ -400,9 +400,8 @@ class ReplayConfig(_AgentConfig):
                 f"steps ({procs}num_envs={self.num_envs} x num_steps={self.num_steps}) = {self.env_steps} env steps; "
                 f"after {self.learning_starts} env steps, {self.updates_per_step} gradient update(s) of batch "
                 f"{self.batch_size} per iteration (replay ratio {self.replay_ratio}) = {self.num_gradient_steps} "
-                f"gradient updates" + ("; observations normalised by running statistics of what entered replay "
-                                       "(raw in replay, normalised when acted on and when sampled)"
-                                       if self.normalize_observations else ""))
+                f"gradient updates" + _describe_env_layer(
+                    self, "raw in replay, folded in as they enter it, normalised when acted on and when sampled"))
 
     def _describe_runtime(self, policy: str = "deterministic") -> str:
         return (
