@@ -7,7 +7,8 @@
   finite metrics and every action within ``nvec``;
 * ``jumanji:Minesweeper-v0`` (a joint ``(10, 10)`` mask) is flattened to Discrete(100) in C order,
   and no masked action is ever taken by PPO (sampled, greedy) or DQN (random, greedy);
-* PQN, the DQN family, SAC, ``|clip_action`` and host MultiDiscrete spaces are refused in one line.
+* PQN, the DQN family, SAC, ``|clip_action`` and host MultiDiscrete spaces are refused in one line;
+* learning: PPO solves a factored contextual bandit (MultiDiscrete([3, 4]), a user env object).
 
 Budgets: the NumPy checks take seconds; each Jumanji test compiles its programs (10-50 s on a
 2-core CPU).
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import json
 
+import gymnax.environments.spaces as gspaces
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
+from gymnax.environments import environment
 from test_suites import _walk  # the masked-walk helper of the suite tests
 
 import tianji_jax as tj
@@ -276,3 +280,64 @@ def test_what_cannot_take_a_multi_discrete_space_is_refused():
 
     text = capabilities.markdown()
     assert "MultiDiscrete action spaces (`jumanji:RubiksCube-v0`): ppo only" in text
+
+
+# ---- learning: a factored contextual bandit ------------------------------------------------------
+@struct.dataclass
+class _MatchState(environment.EnvState):
+    target: jax.Array
+    time: jax.Array
+
+
+@struct.dataclass
+class _MatchParams(environment.EnvParams):
+    max_steps_in_episode: int = 10
+
+
+class FactoredMatchEnv(environment.Environment[_MatchState, _MatchParams]):
+    """MultiDiscrete([3, 4]): each step draws a target per factor, shown one-hot (7 float32
+    entries); the reward is the fraction of factors the action matches (0, 1/2 or 1). Episodes
+    are truncated after 10 steps, so the best return is 10 and a uniformly random policy's is
+    10 * (1/3 + 1/4) / 2 = 2.92. Only a policy whose every factor reads its own part of the
+    observation scores near 10."""
+
+    nvec = (3, 4)
+
+    @property
+    def default_params(self) -> _MatchParams:
+        return _MatchParams()
+
+    def _draw(self, key, time):
+        keys = jax.random.split(key, len(self.nvec))
+        target = jnp.stack([jax.random.randint(k, (), 0, n) for k, n in zip(keys, self.nvec)])
+        return _MatchState(target=target.astype(jnp.int32), time=time)
+
+    def step_env(self, key, state, action, params):
+        reward = jnp.mean((action == state.target).astype(jnp.float32))
+        new = self._draw(key, state.time + 1)
+        return self.get_obs(new), new, reward, jnp.array(False), {}
+
+    def reset_env(self, key, params):
+        state = self._draw(key, jnp.int32(0))
+        return self.get_obs(state), state
+
+    def get_obs(self, state, params=None, key=None):
+        return jnp.concatenate([jax.nn.one_hot(state.target[k], n) for k, n in enumerate(self.nvec)])
+
+    def action_space(self, params=None):
+        return MultiDiscrete(self.nvec)
+
+    def observation_space(self, params):
+        return gspaces.Box(0.0, 1.0, (sum(self.nvec),), jnp.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ppo_learns_a_factored_contextual_bandit():
+    """PPO's factored categorical learns both factors: the greedy evaluation return reaches 9.5 of
+    10 (random: 2.92) within 16,384 env steps, seed 0. Budget: about 20 s on a 2-core CPU."""
+    config = tj.PPOConfig(env=FactoredMatchEnv(), num_envs=16, num_steps=32, num_minibatches=4, update_epochs=4,
+                          learning_rate=3e-3, ent_coef=0.0, total_env_steps=16_384, eval_every_env_steps=8192,
+                          eval_episodes=16, seed=0)
+    result = tj.train(config, progress=False)
+    assert result.curve["eval_return_mean"][-1] >= 9.5, result.curve["eval_return_mean"]
