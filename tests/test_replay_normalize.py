@@ -96,6 +96,29 @@ def test_two_async_actors_share_the_learners_statistics(env):
     assert np.all(np.isfinite(result.curve["td_loss"]))
 
 
+def test_learner_groups_share_one_set_of_statistics(monkeypatch):
+    """Two learner groups, each with its own replay and actor: both groups' inserts fold into one
+    set, which is then that of every observation in both replays."""
+    from tianji_jax.runtime import async_replay
+
+    runs = []
+    init = async_replay.AsyncReplay.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(async_replay.AsyncReplay, "__init__", record)
+    config = tj.DQNConfig(**{**SMALL, "learning_starts": 96}, runtime="async", num_actors=2, num_learner_groups=2,
+                          normalize_observations=True)
+    result = tj.train(config, progress=False)
+    (runtime,) = runs
+    stored = np.concatenate([_stored_obs(r) for r in runtime.replay_states])
+    assert min(int(r.size) for r in runtime.replay_states) > 100
+    _assert_stats_of(runtime.shared_obs_rms, stored)
+    assert np.all(np.isfinite(result.curve["td_loss"]))
+
+
 def test_data_parallel_learners_fold_in_every_shard():
     """Two data-parallel learners (replay sharded by env): the replicated statistics cover both shards."""
     config = tj.DQNConfig(**SMALL, **RANDOM_DQN, normalize_observations=True, num_learner_devices=2)
@@ -146,8 +169,9 @@ def test_resume_restores_the_statistics_and_evaluation_leaves_them(tmp_path):
 
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(normalize_observations=1), TypeError, r"normalize_observations must be a bool"),
-    (dict(normalize_observations=True, runtime="async", num_learner_groups=2, num_actors=2), ValueError,
-     r"normalize_observations=True is not supported with num_learner_groups=2 yet.*allowed: num_learner_groups=1"),
+    (dict(normalize_observations=True, runtime="async", num_processes=2, coordinator="127.0.0.1:1234",
+          learning_starts=128), ValueError,
+     r"normalize_observations=True is not supported with num_processes=2 yet.*allowed: num_processes=1"),
     (dict(normalize_observations=True, env="jumanji:Maze-v0"), ValueError,
      r"normalize_observations=True is not supported with env 'jumanji:Maze-v0', which has an action mask"),
 ])

@@ -96,8 +96,8 @@ class ReplayConfig(_AgentConfig):
     every observation as it is inserted into replay (learner side, so several actors need no merge)
     and are published with the params; actors act on observations normalised with the published
     statistics, and sampled ``obs`` / ``next_obs`` are normalised with the current ones. Every env
-    backend and runtime with one learner group in one process; not with a frame replay (envpool
-    Atari) or an action mask."""
+    backend, runtime and learner layout in one process (learner groups share one set); not with a
+    frame replay (envpool Atari) or an action mask."""
     hidden_sizes: tuple[int, ...] = (120, 84)
     """Hidden layer widths of the MLP (each network of the algorithm)."""
     activation: Literal["tanh", "relu"] = "relu"
@@ -276,20 +276,20 @@ class ReplayConfig(_AgentConfig):
             raise MemoryError(f"buffer_capacity={self.buffer_capacity}: {err}") from None
 
     def _check_normalize(self, frames: bool) -> None:
-        """``normalize_observations`` keeps one set of statistics, updated by the one learner that
-        inserts every observation: not with learner groups or several processes (each would see
-        only its own actors' observations), nor with a frame replay (it stores uint8 frames once)."""
+        """``normalize_observations`` keeps one set of statistics, updated where observations enter
+        replay (every learner group's inserts fold into the same set): not with several processes
+        (each would see only its own actors' observations), nor with a frame replay (it stores
+        uint8 frames once)."""
         if not self.normalize_observations:
             return
         if frames:
             raise ValueError(f"normalize_observations=True is not supported with env {self.env!r}: its replay "
                              "stores each uint8 frame once (the Atari frame replay), not observations to normalise; "
                              "allowed: normalize_observations=False")
-        for field in ("num_learner_groups", "num_processes"):
-            if getattr(self, field) != 1:
-                raise ValueError(f"normalize_observations=True is not supported with {field}={getattr(self, field)}"
-                                 " yet: each learner group or process would fold in only its own actors' "
-                                 f"observations; allowed: {field}=1, or normalize_observations=False")
+        if self.num_processes != 1:
+            raise ValueError(f"normalize_observations=True is not supported with num_processes={self.num_processes}"
+                             " yet: each process would fold in only its own actors' observations; allowed: "
+                             "num_processes=1, or normalize_observations=False")
 
     # ---- hooks of a subclass (each raises ValueError / TypeError naming the field) ---------------
     def _check_fields(self) -> None:

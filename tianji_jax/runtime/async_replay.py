@@ -169,6 +169,9 @@ class AsyncReplay:
             self.parts.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
             for _ in range(1, groups)]
         self.replay_states[1:] = [jax.device_put(r, d) for r, d in zip(self.replay_states[1:], self.group_devices[1:])]
+        # normalisation with learner groups: one set of statistics, folded in by every group's inserts
+        self._shared_rms = learner.obs_rms if groups > 1 else None
+        self._rms_lock = threading.Lock()
         self.explore_metric = self.parts.EXPLORE_METRIC
         self._actor_epsilon = [float(np.mean(self.parts.host_explore(0, i, config.num_actors))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
@@ -259,6 +262,12 @@ class AsyncReplay:
         the actors act again from the cut."""
         return {"actors": list(self.consumed_actor_states),
                 "counters": {**self.runner.buffer.cut_counters(), "epsilon": self.epsilon}}
+
+    @property
+    def shared_obs_rms(self) -> Any:
+        """With learner groups and ``normalize_observations``: the run's observation statistics,
+        of every observation any group inserted so far; None otherwise."""
+        return self._shared_rms
 
     @property
     def learner_state(self) -> ReplayLearnerState:
@@ -405,8 +414,17 @@ class AsyncReplay:
     def _observe_inserted(self, group: int, items: Any, mask: Any) -> None:
         """Normalisation: fold the observations that just entered group ``group``'s replay into
         its learner's statistics and republish them with the current params at the current version
-        (as Anakin's next iteration acts with them, also before the first learner block)."""
-        learner = self._observe(self.learner_states[group], items, mask)
+        (as Anakin's next iteration acts with them, also before the first learner block). With
+        learner groups the statistics are the run's one set (:attr:`shared_obs_rms`), which
+        every group's inserts fold into and its learner takes up at each of its inserts."""
+        learner = self.learner_states[group]
+        if self._shared_rms is None:
+            learner = self._observe(learner, items, mask)
+        else:
+            with self._rms_lock:
+                shared = jax.device_put(self._shared_rms, self.group_devices[group])
+                learner = self._observe(learner.replace(obs_rms=shared), items, mask)
+                self._shared_rms = learner.obs_rms
         self.learner_states[group] = learner
         store = self.runner.stores[group]
         store.publish(self.parts.acting_params(learner), store.version)
