@@ -172,12 +172,8 @@ def test_resume_restores_the_statistics_and_evaluation_leaves_them(tmp_path):
     (dict(normalize_observations=True, runtime="async", num_processes=2, coordinator="127.0.0.1:1234",
           learning_starts=128), ValueError,
      r"normalize_observations=True is not supported with num_processes=2 yet.*allowed: num_processes=1"),
-    (dict(normalize_observations=True, env="jumanji:Maze-v0"), ValueError,
-     r"normalize_observations=True is not supported with env 'jumanji:Maze-v0', which has an action mask"),
 ])
 def test_bad_normalisation_configs_are_refused_in_one_line(kwargs, exc, match):
-    if "jumanji" in str(kwargs.get("env", "")):
-        pytest.importorskip("jumanji")
     with pytest.raises(exc, match=match) as info:
         tj.DQNConfig(**{**SMALL, **kwargs})
     assert "\n" not in str(info.value)
@@ -199,3 +195,36 @@ def test_describe_lists_the_env_layer():
     ppo = tj.PPOConfig(env="gymnax:Pendulum-v1", normalize_observations=True, scale_rewards=True).describe()
     assert "stored normalised); reward scaling by the running std of the discounted return" in ppo
     assert "env layer" not in tj.DQNConfig().describe() and "env layer" not in tj.PPOConfig().describe()
+
+
+def test_an_action_mask_passes_through_normalisation_raw():
+    """On a masked env (Jumanji's Maze: the mask is the observation's last 4 entries) normalisation
+    leaves the mask raw, so no masked action is ever taken by PPO (sampled, greedy) or DQN (random,
+    greedy) acting on normalised observations. The statistics are chosen to push every entry to
+    the clip bound: a normalised mask would forbid every action (then all are allowed), and the
+    walks would take forbidden ones. Budget ~60 s (four compiled walks of 32 envs x 40 steps)."""
+    pytest.importorskip("jumanji")
+    from test_suites import MAZE, _walk
+    from tianji_jax.runtime.anakin import make_agent
+
+    x = jnp.asarray([[3.0, -1.0, 0.0, 1.0]])
+    far = RunningMeanStd(jnp.full((4,), 50.0), jnp.full((4,), 0.01), jnp.asarray(10.0))
+    np.testing.assert_array_equal(np.asarray(far.normalize(x, raw_tail=2)), [[-CLIP, -CLIP, 0.0, 1.0]])
+    ppo = make_agent(tj.PPOConfig(env=MAZE, num_envs=32, normalize_observations=True))
+    size = ppo.spec.observation_shape[0]
+    rms = RunningMeanStd(jnp.full((size,), 50.0), jnp.full((size,), 0.01), jnp.asarray(10.0))
+    params = ppo.init_learner(jax.random.key(0)).params
+    _walk(ppo.spec, 32, 40, lambda k, obs: ppo.policy(params, rms.normalize(obs, ppo.mask_size), k, jnp.int32(0))[1])
+    _walk(ppo.spec, 32, 40, lambda k, obs: ppo.greedy(params, rms.normalize(obs, ppo.mask_size)))
+    dqn = make_agent(tj.DQNConfig(env=MAZE, num_envs=32, replay_ratio=0.125, normalize_observations=True))
+    learner = dqn.init_learner(jax.random.key(0)).replace(obs_rms=rms)
+    acting = dqn.acting_params(learner)
+    ones = jnp.ones((32,), jnp.float32)
+    _walk(dqn.spec, 32, 40, lambda k, obs: dqn.host_act(acting, obs, k, ones)[0])  # epsilon 1: random
+    _walk(dqn.spec, 32, 40, lambda k, obs: dqn.act_greedy(acting, obs))
+    batch = dqn.example_item.__class__(obs=jnp.ones((2, size)), action=jnp.zeros(2, jnp.int32),
+                                       reward=jnp.zeros(2), discount=jnp.ones(2), next_obs=jnp.zeros((2, size)))
+    seen = dqn.normalize_batch(learner, batch)  # the learner keeps the mask raw too
+    np.testing.assert_array_equal(np.asarray(seen.obs)[:, -4:], 1.0)
+    np.testing.assert_array_equal(np.asarray(seen.next_obs)[:, -4:], 0.0)
+    assert np.all(np.asarray(seen.obs)[:, :-4] == -CLIP)

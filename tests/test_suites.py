@@ -82,10 +82,9 @@ def test_mask_helpers_by_hand():
 
 
 def test_a_suite_spec_names_its_mask_and_refuses_what_would_break_it():
+    """(observation normalisation keeps the mask raw: tests/test_replay_normalize.py)"""
     spec = tj.PPOConfig(env=MAZE).env_spec
     assert spec.action_mask_size == 4 and spec.action_space == tj.envs.Discrete(4)
-    with pytest.raises(ValueError, match=r"normalize_observations=True is not supported with env .*action mask"):
-        tj.PPOConfig(env=MAZE, normalize_observations=True)
     with pytest.raises(ValueError, match="wrappers on an env with an action mask"):
         tj.PPOConfig(env=MAZE + "|frame_stack=2")
     with pytest.raises(ValueError, match=r"unknown or unsupported jumanji id 'Nope-v0'; allowed: \['Game2048-v1'"):

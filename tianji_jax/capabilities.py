@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
            "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log",
-           "ACTION_MASK_RULES", "check_action_mask", "MULTI_DISCRETE_ALGOS", "MULTI_DISCRETE_REASONS",
+           "MULTI_DISCRETE_ALGOS", "MULTI_DISCRETE_REASONS",
            "MULTI_DISCRETE_REFUSED", "check_action_space"]
 
 ALGOS = ("ppo", "pqn", "dqn", "sac")
@@ -206,27 +206,6 @@ def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
                          "schedule of a run that finished, or stopped early at a row with stop_at_return)")
 
 
-ACTION_MASK_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("normalize_observations", lambda cfg: getattr(cfg, "normalize_observations", False),
-     "the action mask rides in the observation's last entries, which normalisation would rescale"),
-)
-"""Options refused on an env with an action mask: ``(field, when(config), reason)``."""
-
-
-def check_action_mask(config: Any, mask_size: int) -> None:
-    """Refuse an option :data:`ACTION_MASK_RULES` lists when the env has an action mask.
-
-    Raises:
-        ValueError: one line naming the field, the reason and what is allowed.
-    """
-    if not mask_size:
-        return
-    for field, when, why in ACTION_MASK_RULES:
-        if when(config):
-            raise ValueError(f"{field}={getattr(config, field)!r} is not supported with env {config.env!r}, which has "
-                             f"an action mask: {why}; allowed: {field}=False")
-
-
 MULTI_DISCRETE_ALGOS = ("ppo",)
 """The algorithms that take a MultiDiscrete action space (PPO's factored categorical policy)."""
 
@@ -313,8 +292,6 @@ def markdown() -> str:
         algos += [algo] if algo not in algos else []
     lines += [f"- {', '.join(f'`{f}`' for f in fields)}: not {', '.join(algos)}: {why}"
               for why, (fields, algos) in by_reason.items()]
-    lines += ["", "Options refused on an env with an action mask (Jumanji tasks):", ""]
-    lines += [f"- `{field}`: {why}" for field, _, why in ACTION_MASK_RULES]
     lines += ["", "MultiDiscrete action spaces (`jumanji:RubiksCube-v0`): "
               + ", ".join(MULTI_DISCRETE_ALGOS) + " only (a factored categorical policy); refused:", ""]
     lines += [f"- {algo}: {why}" for algo, why in MULTI_DISCRETE_REASONS.items()]

@@ -95,7 +95,7 @@ def make_evaluate(spec: EnvSpec, apply_fn: Callable, continuous: bool, num_episo
 
         def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array) -> jax.Array:
             params, obs_rms = params_and_rms
-            obs_in = obs_rms.normalize(obs) if normalize_observations else obs
+            obs_in = obs_rms.normalize(obs, spec.action_mask_size) if normalize_observations else obs
             actor_out, _ = apply_fn(params, obs_in)
             return action_of(actor_out)
 
@@ -197,7 +197,8 @@ def make_recurrent_evaluate(spec: EnvSpec, step_fn: Callable, initial_carry: Cal
 
         def act(params_and_rms: tuple[Any, RunningMeanStd], obs: jax.Array, carry: Any, reset: jax.Array):
             params, obs_rms = params_and_rms
-            obs_in = obs_rms.normalize(obs) if normalize_observations else obs.astype(jnp.float32)
+            obs_in = (obs_rms.normalize(obs, spec.action_mask_size) if normalize_observations
+                      else obs.astype(jnp.float32))
             carry, actor_out, _ = step_fn(params, carry, obs_in, reset)
             return action_of(actor_out), carry
 

@@ -64,9 +64,16 @@ class RunningMeanStd:
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
         return RunningMeanStd(mean, m2 / tot, tot)
 
-    def normalize(self, x: jax.Array) -> jax.Array:
-        """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``."""
-        return jnp.clip((x.astype(jnp.float32) - self.mean) / jnp.sqrt(self.var + _EPS), -CLIP, CLIP)
+    def normalize(self, x: jax.Array, raw_tail: int = 0) -> jax.Array:
+        """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``.
+
+        ``raw_tail`` (static int >= 0): the last ``raw_tail`` entries of a flat observation pass
+        through unchanged (as float32): an env's action mask rides there, and the policy reads it
+        back from the observation."""
+        out = jnp.clip((x.astype(jnp.float32) - self.mean) / jnp.sqrt(self.var + _EPS), -CLIP, CLIP)
+        if raw_tail:
+            out = jnp.concatenate([out[..., :-raw_tail], x[..., -raw_tail:].astype(jnp.float32)], axis=-1)
+        return out
 
 
 @struct.dataclass

@@ -263,7 +263,7 @@ class OnPolicyAgent:
             key, k_act, k_env = jax.random.split(key, 3)
             if cfg.normalize_observations:
                 obs_rms = obs_rms.update(obs)
-                obs_in = obs_rms.normalize(obs)
+                obs_in = obs_rms.normalize(obs, self.mask_size)
             else:
                 obs_in = obs
             if recurrent:
@@ -276,7 +276,7 @@ class OnPolicyAgent:
             reward = ts.reward
             if cfg.scale_rewards:
                 scaler, reward = scaler.scale(reward, ts.done, cfg.gamma)
-            final_obs = obs_rms.normalize(ts.final_obs) if cfg.normalize_observations else ts.final_obs
+            final_obs = obs_rms.normalize(ts.final_obs, self.mask_size) if cfg.normalize_observations else ts.final_obs
             transition = {
                 "obs": obs_in, "action": action, "log_prob": log_prob, "value": value, "reward": reward,
                 "terminated": ts.terminated, "truncated": ts.truncated, "done": ts.done, "final_obs": final_obs,
@@ -292,7 +292,7 @@ class OnPolicyAgent:
         carry = ((actor.env_state, actor.obs, actor.key, actor.obs_rms, actor.reward_scaler), memory)
         ((env_state, obs, key, obs_rms, scaler), memory), traj = jax.lax.scan(step, carry, None,
                                                                                length=cfg.num_steps)
-        traj["last_obs"] = obs_rms.normalize(obs) if cfg.normalize_observations else obs
+        traj["last_obs"] = obs_rms.normalize(obs, self.mask_size) if cfg.normalize_observations else obs
         if recurrent:
             traj["hidden_init"] = actor.hidden
             return ActorState(env_state, obs, key, obs_rms, scaler, *memory), traj

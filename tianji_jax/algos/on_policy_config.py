@@ -245,7 +245,6 @@ class OnPolicyConfig(_AgentConfig):
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
-        capabilities.check_action_mask(self, spec.action_mask_size)
         _check_host_fields(self, spec)
         if self.num_learner_devices > 1:
             ld = self.num_learner_devices

@@ -263,12 +263,12 @@ class ReplayAgent:
             return learner.params
         return ActingParams(learner.params, learner.obs_rms)
 
-    @staticmethod
-    def unpack(acting: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+    def unpack(self, acting: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         """``(params, obs the network sees)`` from :meth:`acting_params`' value: ``obs`` normalised
-        (float32, clipped to [-10, 10]) with an :class:`ActingParams`' statistics, else unchanged."""
+        (float32, clipped to [-10, 10]; an action mask's entries raw) with an
+        :class:`ActingParams`' statistics, else unchanged."""
         if isinstance(acting, ActingParams):
-            return acting.params, acting.obs_rms.normalize(obs)
+            return acting.params, acting.obs_rms.normalize(obs, self.mask_size)
         return acting, obs
 
     def normalize_batch(self, learner: ReplayLearnerState, batch: dqn.Transition) -> dqn.Transition:
@@ -277,7 +277,8 @@ class ReplayAgent:
         holds raw observations), else unchanged."""
         if learner.obs_rms is None:
             return batch
-        return batch.replace(obs=learner.obs_rms.normalize(batch.obs), next_obs=learner.obs_rms.normalize(batch.next_obs))
+        norm = learner.obs_rms.normalize
+        return batch.replace(obs=norm(batch.obs, self.mask_size), next_obs=norm(batch.next_obs, self.mask_size))
 
     def act_greedy(self, acting: Any, obs: jax.Array) -> jax.Array:
         """:meth:`greedy_action` with :meth:`acting_params`' value (evaluation)."""

@@ -97,7 +97,7 @@ class ReplayConfig(_AgentConfig):
     and are published with the params; actors act on observations normalised with the published
     statistics, and sampled ``obs`` / ``next_obs`` are normalised with the current ones. Every env
     backend, runtime and learner layout in one process (learner groups share one set); not with a
-    frame replay (envpool Atari) or an action mask."""
+    frame replay (envpool Atari). An action mask's entries pass through raw."""
     hidden_sizes: tuple[int, ...] = (120, 84)
     """Hidden layer widths of the MLP (each network of the algorithm)."""
     activation: Literal["tanh", "relu"] = "relu"
@@ -256,7 +256,6 @@ class ReplayConfig(_AgentConfig):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
-        capabilities.check_action_mask(self, spec.action_mask_size)
         _check_host_fields(self, spec)
         _check_ray(self, spec)
         _check_async_only(self, fields_in(self, "tianji"))
