@@ -38,7 +38,11 @@ class RunningMeanStd:
         the count grows by ``B``.
         """
         x = x.astype(jnp.float32)
-        b_mean, b_var, b_count = jnp.mean(x, axis=0), jnp.var(x, axis=0), jnp.asarray(x.shape[0], jnp.float32)
+        return self._merge(jnp.mean(x, axis=0), jnp.var(x, axis=0), jnp.asarray(x.shape[0], jnp.float32))
+
+    def _merge(self, b_mean: jax.Array, b_var: jax.Array, b_count: jax.Array) -> "RunningMeanStd":
+        """Chan et al. (1979)'s parallel merge with a batch of ``b_count`` rows of mean ``b_mean``
+        and variance ``b_var`` (float32)."""
         delta = b_mean - self.mean
         tot = self.count + b_count
         mean = self.mean + delta * b_count / tot
@@ -58,11 +62,7 @@ class RunningMeanStd:
         safe = jnp.maximum(b_count, 1.0)
         b_mean = jnp.sum(x * w, axis=0) / safe
         b_var = jnp.sum(w * (x - b_mean) ** 2, axis=0) / safe
-        delta = b_mean - self.mean
-        tot = self.count + b_count
-        mean = self.mean + delta * b_count / tot
-        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
-        return RunningMeanStd(mean, m2 / tot, tot)
+        return self._merge(b_mean, b_var, b_count)
 
     def normalize(self, x: jax.Array, raw_tail: int = 0) -> jax.Array:
         """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``.
