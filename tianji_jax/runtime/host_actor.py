@@ -164,6 +164,7 @@ class HostActor:
         if self._version is not None and version != self._version:
             self._discard()
         self._version = version
+        self._version_arg = np.int32(version)
         t0 = time.perf_counter()
         if self._step is None:
             self._step = self._wrap(self.env.reset())
@@ -203,8 +204,9 @@ class HostActor:
         ``self.key``)."""
         if self._carry is not None:
             return self._act_recurrent(params, step)
-        env_action, action, log_prob, value, self.key = self.policy(
-            params, jax.device_put(step.obs, self.actor_device), self.key, np.int32(self._version))
+        # ``step.obs`` goes in as numpy: jit's C++ path moves it to the device the committed
+        # ``params`` and ``key`` live on, far cheaper per step than ``jax.device_put``.
+        env_action, action, log_prob, value, self.key = self.policy(params, step.obs, self.key, self._version_arg)
         return jax.device_get((env_action, action, log_prob, value))
 
     def _act_recurrent(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
