@@ -147,6 +147,8 @@ class EnvpoolVecEnv(_HostVecEnv):
             self._init_spaces(self._env.observation_space, self._env.action_space, env_id)
         self._tracker = _EpisodeTracker(self.num_envs)
         self._awaiting: np.ndarray | None = None  # env ids that need an action next
+        self._awaiting_sorted = False  # _awaiting is 0..N-1 in order (sync mode: actions need no reordering)
+        self._all = np.arange(self.num_envs, dtype=np.int32)
         self._closed = False
 
     def _convert(self, out: tuple) -> HostStep:
@@ -160,6 +162,7 @@ class EnvpoolVecEnv(_HostVecEnv):
             episode_end = np.ones(env_id.shape, bool)
         step = self._make_step(env_id, obs, reward, terminated, truncated, stat_reward, episode_end)
         self._awaiting = step.env_id
+        self._awaiting_sorted = step.env_id.size == self.num_envs and bool((step.env_id == self._all).all())
         return step
 
     def reset(self) -> HostStep:
@@ -224,9 +227,11 @@ class EnvpoolVecEnv(_HostVecEnv):
         if self.is_async:
             self._env.send(acts, ids)
             return self._convert(self._env.recv())
-        ordered = np.empty_like(acts)
-        ordered[ids] = acts
-        return self._convert(self._env.step(ordered, np.arange(self.num_envs, dtype=np.int32)))
+        if ids is not self._awaiting or not self._awaiting_sorted:
+            ordered = np.empty_like(acts)
+            ordered[ids] = acts
+            acts = ordered
+        return self._convert(self._env.step(acts, self._all))
 
     def close(self) -> None:
         """Close envpool's env (idempotent)."""

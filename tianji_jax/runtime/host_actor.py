@@ -10,10 +10,12 @@ device. envpool releases the GIL while it steps, so actor threads and the learne
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tianji_jax.config import DQNConfig, PPOConfig
@@ -22,7 +24,8 @@ from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker
 from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
 
-__all__ = ["HostActor", "host_env_seed", "host_policy", "make_host_evaluate", "on_policy_host_actor", "fold_key"]
+__all__ = ["HostActor", "host_env_seed", "host_policy", "host_outputs", "make_host_evaluate", "on_policy_host_actor",
+           "fold_key"]
 
 
 def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
@@ -58,8 +61,47 @@ def on_policy_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
 
 def host_policy(agent: Any) -> Callable:
     """The jitted acting step a :class:`HostActor` runs for an on-policy ``agent``:
-    :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`, or ``act_recurrent`` for a recurrent one."""
-    return jax.jit(agent.act_recurrent if agent.recurrent else agent.act)
+    :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act` with its outputs fetched as host arrays
+    (:func:`host_outputs`), or ``act_recurrent`` (jitted, outputs on the device) for a recurrent one."""
+    return jax.jit(agent.act_recurrent) if agent.recurrent else host_outputs(agent.act)
+
+
+def host_outputs(fn: Callable) -> Callable:
+    """``fn(*args) -> (*outs, key)`` jitted, returning ``outs`` as host numpy arrays and ``key`` on the device.
+
+    Each ``out`` is ``(B, ...)``; on the device they are cast to float32 and packed side by side into
+    one ``(B, F)`` array, so a step costs one device-to-host copy instead of one per output (about 60
+    microseconds a step less on a CPU device), and unpacked here to their shapes and dtypes. The
+    round trip is exact for float32 outputs and for integer outputs below 2**24 in magnitude (action
+    indices); ``fn`` must not return other dtypes.
+    """
+    layout: list[tuple[tuple[int, ...], Any]] = []  # each out's trailing shape and dtype, from the first call
+
+    def packed(*args):
+        *outs, key = fn(*args)
+        b = outs[0].shape[0]
+        return jnp.concatenate([o.reshape(b, -1).astype(jnp.float32) for o in outs], axis=1), key
+
+    jitted = jax.jit(packed)
+
+    lock = threading.Lock()  # several actor threads share one policy
+
+    def call(*args):
+        if not layout:
+            *shapes, _ = jax.eval_shape(fn, *args)
+            with lock:
+                if not layout:
+                    layout.extend((tuple(x.shape[1:]), x.dtype) for x in shapes)
+        flat, key = jitted(*args)
+        flat = np.asarray(flat)
+        outs, col = [], 0
+        for shape, dtype in layout:
+            width = int(np.prod(shape, dtype=np.int64))
+            outs.append(flat[:, col:col + width].reshape(flat.shape[0], *shape).astype(dtype))
+            col += width
+        return (*outs, key)
+
+    return call
 
 
 class HostActor:
@@ -68,8 +110,9 @@ class HostActor:
     Args:
         config: the :class:`PPOConfig` or :class:`~tianji_jax.config.DQNConfig` (``env`` on a host
             backend; ``num_envs``, ``num_steps``, ``seed``, ``env_batch_size`` are read).
-        policy: jitted ``(params, obs (B, *obs), key, version) -> (env_action, action, log_prob,
-            value, key)`` (:meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`).
+        policy: ``(params, obs (B, *obs), key, version) -> (env_action, action, log_prob, value,
+            key)`` with the first four as host numpy arrays (:func:`host_policy`: the agent's
+            :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act` through :func:`host_outputs`).
         actor_id: index of this actor (seeds its envs and its key).
         key: the actor's PRNG key.
         actor_device: where the policy runs.
@@ -207,7 +250,7 @@ class HostActor:
         # ``step.obs`` goes in as numpy: jit's C++ path moves it to the device the committed
         # ``params`` and ``key`` live on, far cheaper per step than ``jax.device_put``.
         env_action, action, log_prob, value, self.key = self.policy(params, step.obs, self.key, self._version_arg)
-        return jax.device_get((env_action, action, log_prob, value))
+        return env_action, action, log_prob, value
 
     def _act_recurrent(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`_act` of a recurrent policy: acts from the rows' core states (zeroed on reset

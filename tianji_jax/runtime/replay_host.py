@@ -172,9 +172,9 @@ class ReplayHostActor(HostActor):
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         eps = self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors)[step.env_id]
-        action, self.key = self._host_act(params, jax.device_put(step.obs, self.actor_device), self.key,
-                                          jax.device_put(eps, self.actor_device))
-        action = np.asarray(jax.device_get(action))
+        # numpy in: jit places it beside the committed params and key (cheaper than jax.device_put)
+        action, self.key = self._host_act(params, step.obs, self.key, np.asarray(eps, np.float32))
+        action = np.asarray(action)
         zeros = np.zeros(action.shape[:1], np.float32)  # no log-prob / value on the replay path
         return action, action, zeros, zeros
 
