@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -283,3 +284,17 @@ def test_recurrent_memory_quick(tmp_path):
     assert cartpole["best_eval_return"].between(0, 500).all()
     assert df[df["task"] == "memory_chain"]["best_eval_return"].between(-1, 1).all()
     assert "SPS / ff_stack4" in summary
+
+
+@pytest.mark.timeout(300)
+def test_ppo_mujoco_quick(tmp_path):
+    """The MuJoCo PPO benchmark end to end for its tianji_jax system (CleanRL's settings with normalisation
+    on envpool HalfCheetah-v4, 4,096 env steps = 2 updates): records, tables with CleanRL's reported row,
+    curves and plot."""
+    summary = _run_quick("ppo_mujoco.py", tmp_path, budget_s=45.0)
+    assert "1443 +- 46" in summary and "tianji_jax PPO norm | 1 |" in summary
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert list(df["status"]) == ["done"] and np.isfinite(df["final_eval_return"]).all()
+    assert list(pd.read_csv(tmp_path / "curves.csv")["env_steps"]) == [2048, 4096]
+    assert len(list((tmp_path / "records").glob("HalfCheetah__tianji_jax_PPO_norm__seed0.json"))) == 1
+    assert (tmp_path / "returns.png").stat().st_size > 0

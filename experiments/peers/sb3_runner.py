@@ -2,7 +2,8 @@
 its own venv (torch 2.13.0 CPU wheel, stable-baselines3, gymnasium[box2d]) with one torch thread.
 
 Hyper-parameters: rl-baselines3-zoo's tuned ``hyperparams/ppo.yml`` and ``dqn.yml`` entries for
-CartPole-v1 and LunarLander (copied as data below; ``lin_x`` = linear decay from x to 0, as in the
+CartPole-v1 and LunarLander, and ``ppo.yml``'s HalfCheetah-v3 / Hopper-v3 entries with ``VecNormalize``
+(``experiments/ppo_mujoco.py``) (copied as data below; ``lin_x`` = linear decay from x to 0, as in the
 zoo). gymnasium ``CartPole-v1`` and ``LunarLander-v3`` (the zoo's LunarLander-v2 entry; gymnasium
 1.x renamed the env). Evaluation: ``evaluate_policy`` with ``deterministic=True`` on a separate
 env, from a callback at the first training step past each multiple of ``eval_every`` env steps.
@@ -45,7 +46,19 @@ ZOO[("sac", "HalfCheetah")] = dict(n_envs=1, n_timesteps=10_000, learning_rate=3
                                    learning_starts=1000, batch_size=256, tau=0.005, gamma=0.99, train_freq=1,
                                    gradient_steps=1, ent_coef="auto", target_update_interval=1, target_entropy="auto",
                                    policy_kwargs={"net_arch": [256, 256]})
-GYM_IDS = {"CartPole-v1": "CartPole-v1", "LunarLander": "LunarLander-v3", "HalfCheetah": "HalfCheetah-v4"}
+# experiments/ppo_mujoco.py: the zoo's tuned ppo.yml HalfCheetah-v3 / Hopper-v3 entries (run on the v4 envs);
+# ``normalize`` = VecNormalize on observations and rewards (the zoo's ``normalize: true``); ``policy_kwargs``
+# log_std_init -2, ortho_init False, ReLU, separate 256-256 actor and critic
+_MUJOCO_NET = {"log_std_init": -2, "ortho_init": False, "activation_fn": "relu", "net_arch": {"pi": [256, 256], "vf": [256, 256]}}
+ZOO[("ppo", "HalfCheetah")] = dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=64, n_steps=512,
+                                   gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1,
+                                   n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+                                   policy_kwargs=_MUJOCO_NET)
+ZOO[("ppo", "Hopper")] = dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=32, n_steps=512,
+                              gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2, n_epochs=5,
+                              gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671, policy_kwargs=_MUJOCO_NET)
+GYM_IDS = {"CartPole-v1": "CartPole-v1", "LunarLander": "LunarLander-v3", "HalfCheetah": "HalfCheetah-v4",
+           "Hopper": "Hopper-v4"}
 
 
 def linear(x0: float):
@@ -59,14 +72,25 @@ P.send("CONV_INFO", {"versions": {"stable-baselines3": sb3.__version__, "torch":
                      "config": hp, "env_id": GYM_IDS[spec["env"]], "budget_env_steps": budget,
                      **({"updates_per_env_step": 1.0} if spec["algo"] == "sac" else {})})
 del hp["n_envs"], hp["n_timesteps"]
+normalize = hp.pop("normalize", False)
+if "policy_kwargs" in hp and isinstance(hp["policy_kwargs"].get("activation_fn"), str):
+    hp["policy_kwargs"] = {**hp["policy_kwargs"], "activation_fn": getattr(torch.nn, {"relu": "ReLU"}[
+        hp["policy_kwargs"]["activation_fn"]])}
 for k in ("learning_rate", "clip_range"):
     if isinstance(hp.get(k), str):
         hp[k] = linear(float(hp[k].split("_")[1]))
 
 seed = int(spec["seed"])
 env = make_vec_env(GYM_IDS[spec["env"]], n_envs=n_envs, seed=seed)
-eval_env = gym.make(GYM_IDS[spec["env"]])
-eval_env.reset(seed=10_000 + seed)
+if normalize:  # the zoo's ``normalize: true``; evaluation on raw returns with the training statistics, frozen
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(env, gamma=hp["gamma"])
+    eval_env = VecNormalize(make_vec_env(GYM_IDS[spec["env"]], n_envs=1, seed=10_000 + seed), training=False,
+                            norm_reward=False)
+else:
+    eval_env = gym.make(GYM_IDS[spec["env"]])
+    eval_env.reset(seed=10_000 + seed)
 cls = {"ppo": sb3.PPO, "dqn": sb3.DQN, "sac": sb3.SAC}[spec["algo"]]
 model = cls("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
 TIMERS = {"update_s": 0.0, "rollout_s": 0.0, "updates": 0}  # spec ``timers``: seconds in SB3's two phases
@@ -100,6 +124,8 @@ class EvalEvery(BaseCallback):
         if self.num_timesteps >= self.next:
             self.next += every * ((self.num_timesteps - self.next) // every + 1)
             t = time.perf_counter()
+            if normalize:
+                eval_env.obs_rms = env.obs_rms.copy()
             returns, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=int(spec["eval_episodes"]),
                                          deterministic=True, return_episode_rewards=True)
             log.add_eval_time(time.perf_counter() - t)

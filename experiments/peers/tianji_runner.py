@@ -91,7 +91,12 @@ host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
         "LunarLander": {"envpool": "envpool:LunarLander-v2"}, "Pendulum-v1": {"gymnax": "gymnax:Pendulum-v1"},
-        "HalfCheetah": {"envpool": "envpool:HalfCheetah-v4"}}
+        "HalfCheetah": {"envpool": "envpool:HalfCheetah-v4"}, "Hopper": {"envpool": "envpool:Hopper-v4"}}
+# CleanRL's ppo_continuous_action.py in PPOConfig's fields (experiments/ppo_mujoco.py; spec ``hp`` ``"cleanrl"``,
+# and ``"cleanrl-raw"`` without normalisation): actions clipped to the Box bounds, 1 env x 2048 steps
+CLEANRL_PPO = dict(num_envs=1, num_steps=2048, update_epochs=10, num_minibatches=32, learning_rate=3e-4, anneal_lr=True,
+                   gamma=0.99, gae_lambda=0.95, clip_eps=0.2, clip_value_loss=True, ent_coef=0.0, vf_coef=0.5,
+                   max_grad_norm=0.5, hidden_sizes=(64, 64), activation="tanh", normalize_advantages=True)
 # tests/dqn_settings.py CARTPOLE_FAST (the distributional DQN learning tests), less its evaluation and stop
 # settings; budget 80k env steps with the test's epsilon decay of 0.125 * 150k = 18,750 env steps
 DIST_BUDGET = 80_000
@@ -130,6 +135,13 @@ def make_config():
         if env != "CartPole-v1" or mode != "anakin":
             P.unsupported("the distributional DQN variants are defined for CartPole-v1 in Anakin mode only")
         return tj.DQNConfig(env=env_id, runtime="anakin", **{**DIST_HP, **DIST_KIND[spec["hp"]], **common})
+    if algo == "ppo" and spec.get("hp") in ("cleanrl", "cleanrl-raw"):  # experiments/ppo_mujoco.py
+        if env not in ("HalfCheetah", "Hopper") or mode == "anakin":
+            P.unsupported("the cleanrl variants are defined for the MuJoCo rows on the async runtime only")
+        norm = spec["hp"] == "cleanrl"
+        return tj.PPOConfig(env=env_id + "|clip_action", runtime="async", schedule=mode,
+                            normalize_observations=norm, scale_rewards=norm,
+                            **{**CLEANRL_PPO, "total_env_steps": 1_000_000, **common})
     if algo == "ppo" and spec.get("hp") == "sb3":  # rl-baselines3-zoo ppo.yml CartPole-v1, as sb3_runner.py
         if env != "CartPole-v1":
             P.unsupported("the sb3-hp variant is defined for CartPole-v1 only")
