@@ -87,6 +87,61 @@ def raw_envpool_sps(env_id: str, num_envs: int, threads: int, seconds: float, n_
     return {"raw_sps": sum(c[0] for c in counts) / dt, "raw_all_steps_sps": sum(c[1] for c in counts) / dt}
 
 
+def raw_envpool_compiled_sps(env_id: str, num_envs: int, threads: int, seconds: float, n_actions: int,
+                             num_steps: int) -> dict:
+    """The same envs stepped through envpool's XLA interface: ``threads`` threads, each calling a
+    jitted ``num_steps``-step loop of random actions on its own envs (no Python per step; what a
+    compiled actor, ``tianji_jax.runtime.envpool_rollout``, can reach at best). Valid transitions/s
+    exclude the reset steps after each done, as :func:`raw_envpool_sps`."""
+    from jax import lax
+
+    envs = [EnvpoolVecEnv(env_id, num_envs, seed=1000 + i * num_envs) for i in range(threads)]
+    loops = []
+    for i, env in enumerate(envs):
+        env.reset()
+        handle, _, _, step = env._env.xla()
+
+        def loop(h, key, step=step):
+            def body(_, c):
+                h, key, expect_reset, valid = c
+                key, k = jax.random.split(key)
+                h, (_, _, te, tr, _) = step(h, jax.random.randint(k, (num_envs,), 0, n_actions, jnp.int32))
+                return h, key, te | tr, valid + jnp.sum(~expect_reset)
+            h, key, _, valid = lax.fori_loop(0, num_steps, body, (h, key, jnp.zeros(num_envs, bool), jnp.int32(0)))
+            return h, key, valid
+
+        fn = jax.jit(loop)
+        h, key, v = fn(jnp.asarray(handle), jax.random.PRNGKey(i))  # compile outside the timed window
+        jax.block_until_ready(v)
+        loops.append([fn, h, key])
+    counts = [[0, 0] for _ in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        fn, h, key = loops[i]
+        barrier.wait()
+        while not stop.is_set():
+            h, key, v = fn(h, key)
+            counts[i][0] += int(v)
+            counts[i][1] += num_envs * num_steps
+
+    ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    for e in envs:
+        e.close()
+    return {"raw_compiled_sps": sum(c[0] for c in counts) / dt,
+            "raw_compiled_all_steps_sps": sum(c[1] for c in counts) / dt}
+
+
 _GYMNAX_RAW: dict = {}
 
 
@@ -208,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
                 if backend == "envpool":
                     n_act = base.env_spec.action_space.n
                     r = raw_envpool_sps(env_id, base.num_envs, a, args.raw_seconds, n_act)
+                    r.update(raw_envpool_compiled_sps(env_id, base.num_envs, a, args.raw_seconds, n_act,
+                                                      base.num_steps))
+                    r["raw_python_sps"] = r["raw_sps"]  # the bound is the faster way to step the same envs
+                    r["raw_python_all_steps_sps"] = r["raw_all_steps_sps"]
+                    faster = r["raw_compiled_sps"] > r["raw_python_sps"]
+                    r["raw_sps"] = r["raw_compiled_sps"] if faster else r["raw_python_sps"]
+                    r["raw_all_steps_sps"] = r["raw_compiled_all_steps_sps"] if faster else r["raw_all_steps_sps"]
                 else:
                     r = raw_gymnax_sps(base.num_envs, base.num_steps, a, args.raw_seconds, actor_device)
                 raw[a] = r
@@ -231,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
                        **r, "raw_sps": raw[a]["raw_sps"], "raw_sps_1thread": raw[1]["raw_sps"],
                        "production_over_raw": r["production_sps"] / raw[a]["raw_sps"],
                        "production_over_raw_1thread": r["production_sps"] / raw[1]["raw_sps"],
+                       # env steps per second of actor rollout time, against raw per thread: the actors'
+                       # rate while producing, whatever time they spend waiting for the learner
+                       "busy_rate_over_raw": (r["production_sps"] / r["rollout_s_share"] / (raw[a]["raw_sps"] / a)
+                                              if r["rollout_s_share"] > 0 else float("nan")),
                        "production_over_async_1x1": r["production_sps"] / base_prod if base_prod else float("nan"),
                        "anakin_sps": anakin["anakin_sps"] if anakin else float("nan"),
                        "consumed_env_over_anakin": (r["consumed_env_sps"] / anakin["anakin_sps"]
@@ -268,7 +334,10 @@ def make_summary(args, backends, rows, raw_rows, wall_s, load_start) -> str:
              "learner consumed per second (the library's `consumed_sps` multiplies it by `update_epochs`); "
              "*raw* = random-action env SPS with the same number of threads, each stepping its own "
              "`num_envs` envs as an actor does (valid transitions only: reset steps excluded), measured in the "
-             "same repeat; *x raw* = production / raw (must be <= 1); *x 1x1* = production relative to "
+             "same repeat (envpool: the faster of a Python loop over the env wrapper and a jitted loop over "
+             "envpool's XLA step, see the raw table); *x raw* = production / raw (must be <= 1); *busy rate x "
+             "raw* = production per second of actor rollout time (production / rollout share) against raw per "
+             "thread: the actors' rate while they produce, time spent waiting for the learner left out; *x 1x1* = production relative to "
              "1 actor, 1 learner device; busy threads = actors + learner + envpool workers (min(num_envs, "
              "cores) per envpool); **OVERSUB** marks busy threads > 2 cores; *rollout/update share* = the "
              "runtime's `rollout_s` (summed over actors) / `update_s` timers over the steady wall time; "
@@ -277,9 +346,9 @@ def make_summary(args, backends, rows, raw_rows, wall_s, load_start) -> str:
         sub = [r for r in rows if r["env"] == name]
         lines += [f"## {name}", "",
                   "| actors | learner devices | busy threads | production SPS | consumed env SPS | consumed / "
-                  "produced | raw SPS (same threads) | production x raw | production x 1x1 | learner wait | "
+                  "produced | raw SPS (same threads) | production x raw | busy rate x raw | production x 1x1 | learner wait | "
                   "actor wait | rollout share | update share | lag mean | dropped |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for a, l in sorted({(r["actors"], r["learner_devices"]) for r in sub}, key=lambda x: (x[1], x[0])):
             rs = [r for r in sub if r["actors"] == a and r["learner_devices"] == l]
             bt = rs[0]["busy_threads"]
@@ -290,6 +359,7 @@ def make_summary(args, backends, rows, raw_rows, wall_s, load_start) -> str:
                 f"{C.median_range((r['consumed_over_produced'] for r in rs), '{:.2f}')} | "
                 f"{C.median_range(r['raw_sps'] for r in rs)} | "
                 f"{C.median_range((r['production_over_raw'] for r in rs), '{:.3f}')} | "
+                f"{C.median_range((r['busy_rate_over_raw'] for r in rs), '{:.2f}')} | "
                 f"{C.median_range((r['production_over_async_1x1'] for r in rs), '{:.2f}')} | "
                 f"{C.median([r['learner_wait_frac'] for r in rs]):.2f} | "
                 f"{C.median([r['actor_wait_frac'] for r in rs]):.2f} | "
@@ -310,16 +380,40 @@ def make_summary(args, backends, rows, raw_rows, wall_s, load_start) -> str:
                               for a, l in sorted({(r['actors'], r['learner_devices']) for r in sub},
                                                  key=lambda x: (x[1], x[0]))) + f"; best async {best:,.0f} SPS."]
         lines.append("")
-    lines += ["## Raw env SPS (random actions)", "", "| env | threads | envs per thread | raw SPS (valid) | "
-              "raw SPS (all steps) |", "|---|---|---|---|---|"]
+    lines += ["## Raw env SPS (random actions)", "", "envpool rows: *Python* steps the env wrapper "
+              "(`EnvpoolVecEnv`) from a Python loop with numpy random actions; *compiled* steps the same envs "
+              "through envpool's XLA interface in one jitted loop per `num_steps` steps (no Python per step); "
+              "raw = the faster. " + actor_kinds(backends), "",
+              "| env | threads | envs per thread | raw SPS (valid) | raw SPS (all steps) | Python loop (valid) | "
+              "compiled loop (valid) |", "|---|---|---|---|---|---|---|"]
     for name in backends:
         for a in sorted({r["threads"] for r in raw_rows if r["env"] == name and r["threads"] > 0}):
             rs = [r for r in raw_rows if r["env"] == name and r["threads"] == a]
+            split = ([C.median_range(r["raw_python_sps"] for r in rs), C.median_range(r["raw_compiled_sps"] for r in rs)]
+                     if "raw_compiled_sps" in rs[0] else ["", ""])
             lines.append(f"| {name} | {a} | {rs[0]['num_envs_per_thread']} | "
                          f"{C.median_range(r['raw_sps'] for r in rs)} | "
-                         f"{C.median_range(r['raw_all_steps_sps'] for r in rs)} |")
+                         f"{C.median_range(r['raw_all_steps_sps'] for r in rs)} | {split[0]} | {split[1]} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def actor_kinds(backends) -> str:
+    """One sentence: how each envpool backend's actors stepped (compiled rollout, or the Python loop and why)."""
+    from tianji_jax.runtime.envpool_rollout import compiled_rollout_unsupported
+
+    out = []
+    for name, cfg in backends.items():
+        if not name.startswith("envpool"):
+            continue
+        env = cfg.env_spec.make_host_env(cfg.num_envs, 0)
+        try:
+            why = compiled_rollout_unsupported(env, jax.devices()[0], lambda *a: a, False, None)
+        finally:
+            env.close()
+        out.append(f"{name} actors: " + ("compiled rollout (policy and envpool's XLA step in one jitted loop)"
+                                          if why is None else f"Python loop ({why})"))
+    return "; ".join(out) + "."
 
 
 def plot(rows, path: Path) -> None:

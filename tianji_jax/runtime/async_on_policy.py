@@ -28,7 +28,7 @@ from tianji_jax.caches import register
 from tianji_jax.runtime import data_parallel
 from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
 from tianji_jax.runtime.auto_schedule import AutoBalancer
-from tianji_jax.runtime.host_actor import HostActor, host_policy
+from tianji_jax.runtime.host_actor import HostActor, host_policy, params_to_actor
 from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
@@ -379,7 +379,7 @@ class AsyncOnPolicy:
     def _make_actor(self, i: int):
         def act(params: Any, version: int):
             with self.timers.span("h2d_s"):
-                params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+                params = params_to_actor(params, self.actor_device)
             with self.timers.span("rollout_s"):
                 state, traj = self._rollout(params, jnp.asarray(version, jnp.int32), self._actor_states[i])
                 jax.block_until_ready(traj)

@@ -30,6 +30,7 @@ from tianji_jax.runtime.async_runtime import PhaseTimers
 from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
+from tianji_jax.runtime.host_actor import params_to_actor
 from tianji_jax.runtime.replay_host import ReplayHostActor
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 
@@ -365,7 +366,7 @@ class AsyncReplay:
     def _make_actor(self, i: int):
         def act(params: Any, version: int):
             with self.timers.span("h2d_s"):
-                params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+                params = params_to_actor(params, self.actor_device)
             # epsilon follows the run's env steps (all actors together) step by step inside the
             # rollout, exactly as in Anakin (so the `sync` schedule reproduces it bit for bit), or
             # Ape-X's fixed per-env epsilons of this actor's slice

@@ -327,6 +327,53 @@ class TrajectoryChunker:
         self.transitions_in += rows.size
         return int(rows.size)
 
+    def record_block(self, block: dict[str, Any], version: int) -> int:
+        """Record ``S`` sync-mode steps of all ``N`` envs at once (a compiled rollout's output):
+        row ``j`` of every column is env ``0..N-1``'s ``j``-th step, acted with ``version``.
+
+        The same as ``S`` rounds of :meth:`record_action` then :meth:`record_step` with every env
+        in id order, vectorised: each valid row completes a transition, each invalid row (a reset
+        step) discards its action.
+
+        Args:
+            block: ``(S, N, ...)`` arrays ``obs``, ``action``, ``log_prob``, ``value`` (the actor's
+                half), ``reward``, ``terminated``, ``truncated``, ``final_obs``,
+                ``episode_return``, ``episode_length`` (the env's half) and ``valid`` bool.
+            version: the policy version every action was taken with.
+
+        Returns:
+            The number of transitions stored.
+
+        Raises:
+            ValueError: pending actions or ``extra`` columns (a block needs neither), or a column
+                of the wrong shape or dtype kind.
+        """
+        if self._has_pending.any() or self._extra:
+            raise ValueError("record_block: needs no pending actions and no extra columns")
+        valid = np.asarray(block["valid"], bool)
+        s = valid.shape[0]
+        if valid.shape != (s, self.num_envs):
+            raise ValueError(f"record_block: valid must be (S, N={self.num_envs}), got {valid.shape}")
+        add = valid.sum(axis=0)
+        while (self._count + add).max() > self.capacity:
+            self._grow()
+        js, es = np.nonzero(valid)  # time-major: each env's transitions in order
+        rank = np.cumsum(valid, axis=0)[js, es] - 1
+        flat = es * self.capacity + (self._head[es] + self._count[es] + rank) % self.capacity
+        cols = dict(block, policy_version=np.full(valid.shape, version, np.int32))
+        for k, (shape, dtype) in self._specs.items():
+            a = np.asarray(cols[k])
+            if a.shape != (s, self.num_envs, *shape) or not np.can_cast(a.dtype, dtype, casting="same_kind"):
+                raise ValueError(f"record_block: {k} must be shape {(s, self.num_envs, *shape)} castable to "
+                                 f"{dtype.name}, got shape {a.shape} dtype {a.dtype}")
+            self._flat[k][flat] = a[js, es]
+        self._count += add
+        stored = int(add.sum())
+        self.actions_recorded += s * self.num_envs
+        self.actions_discarded += s * self.num_envs - stored
+        self.transitions_in += stored
+        return stored
+
     def discard(self) -> int:
         """Drop every resident transition and mark every pending action to be discarded when its
         step arrives (its transition was acted with older params). Returns the number of resident

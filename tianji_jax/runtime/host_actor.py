@@ -22,9 +22,10 @@ from tianji_jax.config import DQNConfig, PPOConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker
+from tianji_jax.runtime.envpool_rollout import EnvpoolRollout, compiled_rollout_unsupported
 from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
 
-__all__ = ["HostActor", "host_env_seed", "host_policy", "host_outputs", "make_host_evaluate", "on_policy_host_actor",
+__all__ = ["HostActor", "params_to_actor", "host_env_seed", "host_policy", "host_outputs", "make_host_evaluate", "on_policy_host_actor",
            "fold_key"]
 
 
@@ -33,6 +34,22 @@ def host_env_seed(seed: int, actor_id: int, num_envs: int) -> int:
     one run (env ``i`` of the actor gets ``base + i``), kept in [0, 2**31): ``(seed + actor_id *
     num_envs) mod 2**31`` with ``num_envs`` the envs per actor."""
     return (int(seed) + actor_id * num_envs) % 2**31
+
+
+_PUT_LOCK = threading.Lock()
+
+
+def params_to_actor(params: Any, device: Any) -> Any:
+    """``params`` copied to an actor's ``device`` (blocking until there), one actor thread at a time.
+
+    Actor threads fetch the same published params; when these are replicated over several
+    data-parallel learner devices, concurrent ``jax.device_put`` calls on the same arrays were seen
+    to fail inside JAX (``safe_zip`` length mismatch while gathering the array's shards, 1 run in
+    several under load), so the copies are serialised: each is a small host-side copy next to a
+    rollout.
+    """
+    with _PUT_LOCK:
+        return jax.block_until_ready(jax.device_put(params, device))
 
 
 def fold_key(key: jax.Array, folds: tuple[int, ...]) -> jax.Array:
@@ -73,7 +90,9 @@ def host_outputs(fn: Callable) -> Callable:
     one ``(B, F)`` array, so a step costs one device-to-host copy instead of one per output (about 60
     microseconds a step less on a CPU device), and unpacked here to their shapes and dtypes. The
     round trip is exact for float32 outputs and for integer outputs below 2**24 in magnitude (action
-    indices); ``fn`` must not return other dtypes.
+    indices); ``fn`` must not return other dtypes. The returned callable's ``fn`` attribute is
+    ``fn`` itself (traceable: a compiled rollout, :mod:`tianji_jax.runtime.envpool_rollout`, runs it
+    inside its loop).
     """
     layout: list[tuple[tuple[int, ...], Any]] = []  # each out's trailing shape and dtype, from the first call
 
@@ -101,6 +120,7 @@ def host_outputs(fn: Callable) -> Callable:
             col += width
         return (*outs, key)
 
+    call.fn = fn
     return call
 
 
@@ -119,8 +139,9 @@ class HostActor:
         to_learner: ``to_learner(traj) -> traj`` places a finished trajectory on the learner's
             device(s) (sharded over data-parallel learners).
         timer: ``timer(name, t0)`` adds ``perf_counter() - t0`` to the named phase (``rollout_s`` =
-            inference + env step, split into ``inference_s`` and ``env_step_s``; ``h2d_s`` =
-            transfers).
+            inference + env step, split into ``inference_s`` and ``env_step_s`` when stepped from
+            Python; a compiled rollout runs both in one program, so there the split stays 0 and
+            ``rollout_s`` holds it all with the host's chunk assembly; ``h2d_s`` = transfers).
         seed: run seed the envs' seeds derive from (:func:`host_env_seed`); default
             ``config.seed`` (a resumed run passes a fresh one: host env state is not checkpointed).
 
@@ -137,6 +158,10 @@ class HostActor:
             dropped because a new rollout started with newer params (see :meth:`__call__`).
         env_steps: every env step taken, reset steps included.
         item_steps: env steps per returned trajectory, ``num_envs * num_steps``.
+        compiled_reason: None when the actor steps its env in compiled blocks
+            (:class:`~tianji_jax.runtime.envpool_rollout.EnvpoolRollout`: an envpool sync-mode env
+            with no host wrapper, a feed-forward policy without host normalisation, on the CPU;
+            the trajectories are the Python loop's, step for step), else why it steps from Python.
 
     Recurrent agents (``initial_carry`` given): ``policy`` is
     :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act_recurrent`; the actor keeps every env's
@@ -185,6 +210,9 @@ class HostActor:
         self.item_steps = config.num_envs * config.num_steps
         self._step: HostStep | None = None
         self._version: int | None = None
+        self.compiled_reason = compiled_rollout_unsupported(
+            self.env, actor_device, getattr(policy, "fn", None), initial_carry is not None, self.normalizer)
+        self._rollout: EnvpoolRollout | None = None  # built on the first call, after the env's reset
 
     def __call__(self, params: Any, version: int) -> tuple[dict[str, jax.Array], int]:
         """Step until every env has ``T`` transitions acted with ``params`` (stamped ``version``).
@@ -202,7 +230,7 @@ class HostActor:
             params, statistics = params
             self.normalizer.sync(statistics)
         t0 = time.perf_counter()
-        params = jax.block_until_ready(jax.device_put(params, self.actor_device))
+        params = params_to_actor(params, self.actor_device)
         self._time("h2d_s", t0)
         if self._version is not None and version != self._version:
             self._discard()
@@ -211,7 +239,16 @@ class HostActor:
         t0 = time.perf_counter()
         if self._step is None:
             self._step = self._wrap(self.env.reset())
+            if self.compiled_reason is None:
+                self._rollout = EnvpoolRollout(self.env, self._step, self.policy.fn, self.config.num_steps,
+                                               self.actor_device)
         infer_s = env_s = 0.0
+        while self._rollout is not None and not self.chunker.ready():
+            # fewest steps that can make the chunker ready: a compiled rollout never overshoots
+            n = self.config.num_steps - int(self.chunker.counts.min())
+            self.key, block = self._rollout(params, self.key, self._version_arg, n)
+            self.chunker.record_block(block, version)
+            self.env_steps += n * self.config.num_envs
         while not self.chunker.ready():
             step = self._step
             t1 = time.perf_counter()
