@@ -18,7 +18,8 @@ rewards summed over very long episodes.
 
 When it applies (:func:`compiled_rollout_unsupported` gives the reason otherwise): an envpool env
 in sync mode with no host wrapper, latency or dict observations around it, an action dtype JAX
-holds without ``jax_enable_x64`` (int32 or float32: MuJoCo's float64 actions are excluded), an
+holds without ``jax_enable_x64`` for every array the step takes or gives (MuJoCo's float64 actions
+and observations are excluded: envpool would write float64 into float32 buffers), an
 actor device on the CPU (envpool's custom call is registered for the CPU), a feed-forward policy
 and no host-side normalisation (the statistics are updated per step on the host).
 
@@ -66,9 +67,14 @@ def compiled_rollout_unsupported(env: Any, actor_device: Any, act: Callable | No
         return "recurrent policies keep their core state on the host"
     if normalizer is not None:
         return "host normalisation updates its statistics per step on the host"
-    dtype = np.dtype(_action_dtype(env))
-    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
-        return f"envpool takes {dtype.name} actions, which JAX holds only with jax_enable_x64"
+    spec = env._env.spec  # every array envpool's XLA step reads or writes must exist in JAX as it is
+    arrays = [("action", k, v) for k, v in spec.action_array_spec.items()] + \
+             [("state", k, v) for k, v in spec.state_array_spec.items()]
+    for side, name, arr in arrays:
+        dtype = np.dtype(arr.dtype)
+        if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+            what = "actions" if side == "action" else f"{name!r} arrays"
+            return f"envpool takes or gives {dtype.name} {what}, which JAX holds only with jax_enable_x64"
     return None
 
 
