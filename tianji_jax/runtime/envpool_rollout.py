@@ -21,7 +21,11 @@ in sync mode with no host wrapper, latency or dict observations around it, an ac
 holds without ``jax_enable_x64`` for every array the step takes or gives (MuJoCo's float64 actions
 and observations are excluded: envpool would write float64 into float32 buffers), an
 actor device on the CPU (envpool's custom call is registered for the CPU), a feed-forward policy
-and no host-side normalisation (the statistics are updated per step on the host).
+and no host-side normalisation (the on-policy actors' statistics are updated per step on the host;
+replay actors act on the learner's published statistics and are eligible). A replay actor's
+exploration parameters (DQN's epsilons) are read once per block, where the Python loop reads them
+per step; both read the run's env steps, which advance when a chunk is inserted, so within one
+rollout they change only when another actor's chunk arrives meanwhile.
 
 Cost: envpool's custom call names the env instance, so each actor compiles its own block program
 once (about 0.6 s for CartPole's MLP policy on a CPU), and the persistent compilation cache
@@ -90,9 +94,11 @@ class EnvpoolRollout:
         env: an :class:`~tianji_jax.envs.host.EnvpoolVecEnv` in sync mode, freshly :meth:`reset`
             (see :func:`compiled_rollout_unsupported`).
         first: the :class:`~tianji_jax.envs.host.HostStep` its :meth:`reset` returned.
-        act: ``act(params, obs (N, *obs), key, version) -> (env_action, action, log_prob (N,),
-            value (N,), key)``, traceable (an on-policy agent's
-            :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act`).
+        act: ``act(params, obs (N, *obs), key, arg) -> (env_action, action, log_prob (N,),
+            value (N,), key)``, traceable: an on-policy agent's
+            :meth:`~tianji_jax.algos.on_policy.OnPolicyAgent.act` (``arg`` the policy version), or
+            a replay agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act` with zero
+            log-probs and values (``arg`` the ``(N,)`` exploration parameters, fixed for a block).
         max_steps: ``T``, the most steps one call takes (its output buffers are ``(T, N, ...)``).
         device: the CPU device the block runs on.
 
@@ -112,9 +118,9 @@ class EnvpoolRollout:
             np.asarray(first.terminated | first.truncated, bool),  # the next step is a reset step
             np.zeros(n_envs, np.float32), np.zeros(n_envs, np.int32)))  # episode return and length so far
 
-        def block(params, state, key, version, n):
+        def block(params, state, key, arg, n):
             h, obs, expect_reset, ret, length = state
-            probe = jax.eval_shape(act, params, obs, key, version)  # the acting outputs' shapes
+            probe = jax.eval_shape(act, params, obs, key, arg)  # the acting outputs' shapes
             bufs = {
                 "obs": jnp.zeros((t, *obs.shape), obs.dtype),
                 "action": jnp.zeros((t, *probe[1].shape), probe[1].dtype),
@@ -131,7 +137,7 @@ class EnvpoolRollout:
 
             def body(j, carry):
                 h, obs, expect_reset, ret, length, key, b = carry
-                env_action, action, log_prob, value, key = act(params, obs, key, version)
+                env_action, action, log_prob, value, key = act(params, obs, key, arg)
                 h, (nxt, reward, terminated, truncated, info) = step(h, env_action.astype(action_dtype))
                 ids = info["env_id"]  # sync mode returns every env; put each row at its env's index
                 order = lambda x: jnp.zeros_like(x).at[ids].set(x)  # noqa: E731
@@ -158,8 +164,8 @@ class EnvpoolRollout:
 
         self._block = jax.jit(block)
 
-    def __call__(self, params: Any, key: jax.Array, version: np.int32, n: int) -> tuple[jax.Array, dict[str, np.ndarray]]:
-        """Take ``n`` steps (``1 <= n <= T``) acting with ``params`` (stamped ``version``).
+    def __call__(self, params: Any, key: jax.Array, arg: Any, n: int) -> tuple[jax.Array, dict[str, np.ndarray]]:
+        """Take ``n`` steps (``1 <= n <= T``) acting with ``params`` and ``act``'s last argument ``arg``.
 
         Returns:
             ``(key, block)``: the advanced key, and host numpy arrays ``(n, N, ...)``: ``obs`` (acted
@@ -173,5 +179,5 @@ class EnvpoolRollout:
         """
         if not 1 <= n <= self.max_steps:
             raise ValueError(f"n={n}: must be in [1, max_steps={self.max_steps}]")
-        self._state, key, bufs = self._block(params, self._state, key, version, np.int32(n))
+        self._state, key, bufs = self._block(params, self._state, key, arg, np.int32(n))
         return key, {k: v[:n] for k, v in jax.device_get(bufs).items()}

@@ -210,8 +210,9 @@ class HostActor:
         self.item_steps = config.num_envs * config.num_steps
         self._step: HostStep | None = None
         self._version: int | None = None
+        self._compiled_act = self._traceable_act()
         self.compiled_reason = compiled_rollout_unsupported(
-            self.env, actor_device, getattr(policy, "fn", None), initial_carry is not None, self.normalizer)
+            self.env, actor_device, self._compiled_act, initial_carry is not None, self.normalizer)
         self._rollout: EnvpoolRollout | None = None  # built on the first call, after the env's reset
 
     def __call__(self, params: Any, version: int) -> tuple[dict[str, jax.Array], int]:
@@ -240,13 +241,13 @@ class HostActor:
         if self._step is None:
             self._step = self._wrap(self.env.reset())
             if self.compiled_reason is None:
-                self._rollout = EnvpoolRollout(self.env, self._step, self.policy.fn, self.config.num_steps,
+                self._rollout = EnvpoolRollout(self.env, self._step, self._compiled_act, self.config.num_steps,
                                                self.actor_device)
         infer_s = env_s = 0.0
         while self._rollout is not None and not self.chunker.ready():
             # fewest steps that can make the chunker ready: a compiled rollout never overshoots
             n = self.config.num_steps - int(self.chunker.counts.min())
-            self.key, block = self._rollout(params, self.key, self._version_arg, n)
+            self.key, block = self._rollout(params, self.key, self._block_arg(), n)
             self.chunker.record_block(block, version)
             self.env_steps += n * self.config.num_envs
         while not self.chunker.ready():
@@ -273,6 +274,17 @@ class HostActor:
         traj = jax.block_until_ready(self.to_learner(traj))
         self._time("h2d_s", t0)
         return traj, self.item_steps
+
+    def _traceable_act(self) -> Callable | None:
+        """The acting step a compiled block runs (:class:`EnvpoolRollout`): ``act(params, obs, key,
+        arg) -> (env_action, action, log_prob, value, key)`` with ``arg`` = :meth:`_block_arg`;
+        here the on-policy policy's traceable function (``policy.fn``, :func:`host_outputs`), or
+        None (no compiled blocks)."""
+        return getattr(self.policy, "fn", None)
+
+    def _block_arg(self) -> Any:
+        """The last argument of :meth:`_traceable_act` for the next block: the policy version (int32)."""
+        return self._version_arg
 
     def _wrap(self, step: HostStep) -> HostStep:
         """``step`` as the policy and the chunker see it: normalised/scaled when configured."""

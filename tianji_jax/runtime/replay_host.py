@@ -48,6 +48,7 @@ from functools import partial
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tianji_jax.envs.host import HostStep
@@ -177,6 +178,22 @@ class ReplayHostActor(HostActor):
         action = np.asarray(action)
         zeros = np.zeros(action.shape[:1], np.float32)  # no log-prob / value on the replay path
         return action, action, zeros, zeros
+
+    def _traceable_act(self) -> Callable:
+        """The agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act` in a compiled
+        block's signature (``arg``: the ``(N,)`` exploration parameters; zero log-probs and values)."""
+        host_act = self.parts.host_act
+
+        def act(params, obs, key, explore):
+            action, key = host_act(params, obs, key, explore)
+            zeros = jnp.zeros(action.shape[:1], jnp.float32)
+            return action, action, zeros, zeros, key
+
+        return act
+
+    def _block_arg(self) -> np.ndarray:
+        """The ``(N,)`` float32 exploration parameters now (read once per compiled block)."""
+        return np.asarray(self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors), np.float32)
 
     def _explore_stat(self) -> dict[str, float]:
         """The agent's exploration metric over this actor's envs now (DQN: mean epsilon), or none."""
