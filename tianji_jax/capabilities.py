@@ -73,7 +73,7 @@ _HOST = ("envpool", "gymnasium")
 RULES: tuple[_Rule, ...] = (
     # meaningless cells: what Anakin is rules them out
     _Rule(lambda c: c.runtime == "anakin" and c.env in _HOST, "runtime",
-          "Anakin fuses the env step into one compiled program, which host envs (envpool, gymnasium) cannot enter",
+          "Anakin's compiled program holds the env state as values (vmapped over seeds, checkpointed); host envs keep theirs in place (gymnasium in Python, envpool in C++, whose XLA step only host actors' compiled blocks use)",
           "runtime={value!r}: env {env!r} runs on the host ({backend}), which only the async runtime drives; "
           "allowed: runtime='async' (Anakin needs gymnax)"),
     _Rule(lambda c: c.actors == "ray" and c.env == "gymnax", "actor_backend",
