@@ -53,6 +53,21 @@ PONG_NOTE = ("Pong-v5 is sized to fit the time box: the Nature-CNN update on CPU
 # ---------------------------------------------------------------------------------------------
 # raw env throughput with random actions (the limit)
 # ---------------------------------------------------------------------------------------------
+def _timed_threads(work, threads: int, seconds: float, barrier: threading.Barrier, stop: threading.Event) -> float:
+    """Start ``work(i)`` on ``threads`` daemon threads (each waits on ``barrier`` before its loop),
+    let them run ``seconds`` once all are ready, set ``stop``, join them; returns the timed window (s)."""
+    ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def raw_envpool_sps(env_id: str, num_envs: int, threads: int, seconds: float, n_actions: int) -> dict:
     """``threads`` threads, each stepping its own EnvpoolVecEnv(num_envs) with random actions (as
     the actors do, sync mode). Returns valid transitions/s (what the actors can insert) and all
@@ -72,16 +87,7 @@ def raw_envpool_sps(env_id: str, num_envs: int, threads: int, seconds: float, n_
             counts[i][0] += int(step.valid.sum())
             counts[i][1] += len(step)
 
-    ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in ts:
-        t.join()
-    dt = time.perf_counter() - t0
+    dt = _timed_threads(work, threads, seconds, barrier, stop)
     for e in envs:
         e.close()
     return {"raw_sps": sum(c[0] for c in counts) / dt, "raw_all_steps_sps": sum(c[1] for c in counts) / dt}
@@ -126,16 +132,7 @@ def raw_envpool_compiled_sps(env_id: str, num_envs: int, threads: int, seconds: 
             counts[i][0] += int(v)
             counts[i][1] += num_envs * num_steps
 
-    ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in ts:
-        t.join()
-    dt = time.perf_counter() - t0
+    dt = _timed_threads(work, threads, seconds, barrier, stop)
     for e in envs:
         e.close()
     return {"raw_compiled_sps": sum(c[0] for c in counts) / dt,
@@ -176,16 +173,7 @@ def raw_gymnax_sps(num_envs: int, num_steps: int, threads: int, seconds: float, 
             jax.block_until_ready(r)
             counts[i] += num_envs * num_steps
 
-    ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in ts:
-        t.join()
-    dt = time.perf_counter() - t0
+    dt = _timed_threads(work, threads, seconds, barrier, stop)
     return {"raw_sps": sum(counts) / dt, "raw_all_steps_sps": sum(counts) / dt}
 
 
