@@ -206,8 +206,99 @@ def test_host_evaluation_acts_on_normalised_observations():
     assert seen and all(np.all(o == -10.0) for o in seen)
 
 
-def test_a_multi_process_layout_is_refused():
-    """(learner groups: tests/test_host_runtime.py's config-error table)"""
-    with pytest.raises(ValueError, match=r"normalize_observations=True with host env backends .* num_processes=2"):
-        tj.PPOConfig(**{**HOST, "scale_rewards": False}, num_processes=2, coordinator="127.0.0.1:1234",
-                     total_env_steps=10_000)
+_PROCESS_WORKER = """
+import sys, threading, numpy as np
+pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+from tianji_jax.runtime import distributed as dist
+dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
+import tianji_jax as tj
+from tianji_jax.runtime import host_actor as ha
+from tianji_jax.runtime.host_normalize import HostNormalizer, SharedStatistics
+raw, exchanges, published, received, lock = {0: [], 1: []}, [], [], [], threading.Lock()
+wrap, add, exchange, pub, sync = (ha.HostActor._wrap, SharedStatistics.add, SharedStatistics.exchange,
+                                  SharedStatistics.published, HostNormalizer.sync)
+def record_wrap(self, step):
+    raw[self.actor_id].append(np.array(step.obs, np.float64))
+    return wrap(self, step)
+def record_add(self, delta, actor_id):
+    with lock:
+        add(self, delta, actor_id)
+def record_exchange(self):
+    with lock:  # no delta arrives between the snapshot and the exchange
+        exchanges.append(dict(self.merged_steps))
+        exchange(self)
+def record_published(self):
+    stats = pub(self)
+    published.append(stats)
+    return stats
+def record_sync(self, stats):
+    received.append(id(stats))
+    return sync(self, stats)
+ha.HostActor._wrap, SharedStatistics.add, SharedStatistics.exchange = record_wrap, record_add, record_exchange
+SharedStatistics.published, HostNormalizer.sync = record_published, record_sync
+cfg = tj.PPOConfig(env="envpool:CartPole-v1", runtime="async", num_envs=4, num_steps=16, num_actors=2,
+                   schedule="relaxed", normalize_observations=True, scale_rewards=True, eval_episodes=2,
+                   eval_every_env_steps=2 * 64 * 4, seed=3, total_env_steps=2 * 64 * 4, update_epochs=2,
+                   num_minibatches=1, num_processes=2, process_id=pid, coordinator=f"127.0.0.1:{port}")
+result = tj.train(cfg, progress=False, tensorboard=False)
+last = published[-1]
+ids = {id(s) for s in published}
+np.savez(out, **{f"raw{a}": np.concatenate(raw[a]) for a in (0, 1)},
+         steps=np.asarray([[e.get(a, 0) for a in (0, 1)] for e in exchanges]),
+         obs_mean=last["obs"].mean, obs_var=last["obs"].var, obs_count=last["obs"].count,
+         ret_mean=last["ret"].mean, ret_var=last["ret"].var, ret_count=last["ret"].count,
+         saved_mean=np.asarray(result.state.actor.obs_rms.mean), saved_var=np.asarray(result.state.actor.obs_rms.var),
+         received_published=np.asarray(all(r in ids for r in received) and len(received) > 0))
+print("worker done", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.slow  # two jax.distributed processes, 4 updates each: about 60 s on 2 cores
+@pytest.mark.timeout(300)
+def test_two_processes_exchange_their_statistics_after_every_update(tmp_path):
+    """Two learner processes (``num_processes=2``), each with two host actors under ``relaxed``: after
+    every update each process merges every process's new statistics in process order, so both publish
+    the same statistics bit for bit, and those are the NumPy statistics of every observation that
+    either process's actors had produced by the last exchange; the actors act with published ones."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(_PROCESS_WORKER)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "TIANJI_DISTRIBUTED_CHILD"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), str(tmp_path / f"p{i}.npz")],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errs]
+    out = [dict(np.load(tmp_path / f"p{i}.npz")) for i in range(2)]
+    for key in ("obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count", "saved_mean"):
+        np.testing.assert_array_equal(out[0][key], out[1][key])  # the same statistics on both processes
+    assert not np.array_equal(out[0]["raw0"][:4], out[1]["raw0"][:4])  # each process its own envs
+    assert out[0]["steps"].shape == out[1]["steps"].shape == (4, 2)  # one exchange per update
+    # the last exchange merged, from each process, what its two actors had produced by then
+    seen = [out[p][f"raw{a}"][:out[p]["steps"][-1, a]] for p in (0, 1) for a in (0, 1)]
+    assert all(len(x) for x in seen)
+    ref = _reference(np.concatenate(seen))
+    np.testing.assert_allclose(out[0]["obs_mean"], ref.mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[0]["obs_var"], ref.var, rtol=1e-9)
+    assert float(out[0]["obs_count"]) == pytest.approx(ref.count)
+    np.testing.assert_allclose(out[0]["saved_mean"], ref.mean, rtol=1e-5, atol=1e-6)  # float32 in the train state
+    assert all(bool(o["received_published"]) for o in out)
+
+
+def test_replay_normalisation_with_several_processes_is_refused():
+    with pytest.raises(ValueError, match=r"normalize_observations=True is not supported with num_processes=2"):
+        tj.DQNConfig(env="envpool:CartPole-v1", runtime="async", normalize_observations=True, num_processes=2,
+                     coordinator="127.0.0.1:1234", total_env_steps=100_000)

@@ -120,17 +120,6 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
         if spec.backend != "envpool":
             raise ValueError(f"env_batch_size={batch}: only the envpool backend has an async mode; "
                              f"env {config.env!r} needs env_batch_size=None")
-    if not spec.on_host:
-        return
-    for name in ("normalize_observations", "scale_rewards"):
-        if not getattr(config, name, False):
-            continue
-        # host actors' statistics are merged in one process (every learner group's thread shares them)
-        procs = getattr(config, "num_processes", 1)
-        if procs != 1:
-            raise ValueError(f"{name}=True with host env backends ({spec.backend}) is not supported with "
-                             f"num_processes={procs} yet (the actors' statistics are merged in one process); "
-                             f"allowed: num_processes=1, or {name}=False")
 
 
 def _check_replay_layout(config: Any, frames: bool) -> None:

@@ -82,7 +82,8 @@ class OnPolicyConfig(_AgentConfig):
     """Normalise observations by a running mean/std (clipped to [-10, 10]) kept in the train state.
     Every env backend: gymnax envs in the actor's compiled rollout; envpool/gymnasium envs on the
     async runtime's host actors (threads or Ray), their statistics merged by the learner and
-    published with the params, also by every learner group's thread (not with num_processes > 1)."""
+    published with the params, also by every learner group's thread; with num_processes > 1 every
+    process's new statistics are exchanged after each update, so all processes act with the same."""
     scale_rewards: bool = False
     """Divide rewards by the running std of the discounted return (kept in the train state); the
     same backends as ``normalize_observations``."""

@@ -128,7 +128,8 @@ class AsyncOnPolicy:
         host_norm: host actors with ``normalize_observations`` / ``scale_rewards``: the run's
             :class:`~tianji_jax.runtime.host_normalize.SharedStatistics`, merged from every
             trajectory as it is produced (:meth:`to_learner`) and published with the params (the actors receive
-            ``(params, statistics)``); ``restore["norm"]`` (a
+            ``(params, statistics)``; several processes exchange theirs after each update, before the
+            publication, so all publish the same); ``restore["norm"]`` (a
             :class:`~tianji_jax.runtime.host_normalize.HostNormStats`) continues them. None otherwise.
         consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
@@ -198,8 +199,9 @@ class AsyncOnPolicy:
         if config.env_spec.on_host:
             self._actor_states = [None] * config.num_actors
             if config.normalize_observations or config.scale_rewards:
-                self.host_norm = SharedStatistics(config.env_spec.observation_space.shape,
-                                                  None if restore is None else restore.get("norm"))
+                self.host_norm = SharedStatistics(  # several processes: exchanged after each update
+                    config.env_spec.observation_space.shape, None if restore is None else restore.get("norm"),
+                    dist.make_process_gather(self.mesh, self.learner_devices) if self.multi else None)
             try:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
@@ -393,6 +395,10 @@ class AsyncOnPolicy:
 
     def _learn_item(self, item, version: int):
         params, metrics = self._update(item, version)
+        if self.multi and self.host_norm is not None:  # every process's new statistics, in lockstep
+            first = version == self.runner.start_version  # it compiles
+            with self.watchdog.section(f"statistics exchange {version + 1}", extra_s=300.0 if first else 0.0):
+                self.host_norm.exchange()
         return self._published(params), metrics  # host actors that normalise: with the statistics
 
     def _update(self, item, version: int):

@@ -48,9 +48,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from tianji_jax.config_checks import check_coordinator  # re-exported: the config validates it too
+from tianji_jax.runtime.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
-           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_lockstep", "Watchdog", "supervise",
+           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_process_gather", "make_lockstep", "Watchdog", "supervise",
            "kv_set", "kv_get", "kv_delete", "leave_job", "CHILD_ENV", "EXIT_PEER_DEAD"]
 
 CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
@@ -256,10 +257,6 @@ def params_digest(tree: Any) -> str:
     return h.hexdigest()[:16]
 
 
-_SUMMED = ("produced", "consumed", "inserted", "dropped_stale", "dropped_partial", "depth", "sampled",
-           "limiter_inserted", "limiter_error", "stop_requests")
-
-
 def make_lockstep(runner: Any, mesh: Any, local_devices: list, watchdog: "Watchdog") -> None:
     """Make ``runner``'s (an :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) telemetry
     global and its stops agreed: every snapshot its learner takes after an update is summed over
@@ -288,38 +285,6 @@ def make_lockstep(runner: Any, mesh: Any, local_devices: list, watchdog: "Watchd
     runner.lockstep = True
 
 
-def make_counter_sum(mesh: Any, local_devices: list) -> Any:
-    """``f(snapshot) -> snapshot``: the runner's telemetry snapshot made global. Counts (items
-    produced/consumed/inserted/dropped, queue depth, limiter counters) are summed over processes;
-    seconds (waits, busy time, per-phase timers) are averaged over processes, so wait fractions stay
-    per-process fractions; ``time`` stays local. A collective: call it in lockstep only."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    n_dev = len(local_devices)
-    nproc = jax.process_count()
-    fn = jax.jit(jax.shard_map(lambda i, f: (jax.lax.psum(i, "data"), jax.lax.psum(f, "data")), mesh=mesh,
-                               in_specs=(P("data"), P("data")), out_specs=(P(), P()), check_vma=False))
-    sharding = NamedSharding(mesh, P("data"))
-
-    def total(snap: dict) -> dict:
-        ikeys = [k for k in _SUMMED if k in snap]
-        fkeys = [k for k in snap if k not in ikeys and k != "time" and isinstance(snap[k], (int, float))]
-        ints = np.zeros((n_dev, max(len(ikeys), 1)), np.int32)
-        flts = np.zeros((n_dev, max(len(fkeys), 1)), np.float32)
-        ints[0, :len(ikeys)] = [int(round(snap[k])) for k in ikeys]   # counted once per process
-        flts[0, :len(fkeys)] = [float(snap[k]) for k in fkeys]
-        gi = jax.make_array_from_process_local_data(sharding, ints, (n_dev * nproc, ints.shape[1]))
-        gf = jax.make_array_from_process_local_data(sharding, flts, (n_dev * nproc, flts.shape[1]))
-        si, sf = fn(gi, gf)
-        si, sf = np.asarray(si.addressable_data(0)).reshape(-1), np.asarray(sf.addressable_data(0)).reshape(-1)
-        out = dict(snap)
-        out.update({k: int(si[j]) for j, k in enumerate(ikeys)})
-        out.update({k: float(sf[j]) / nproc for j, k in enumerate(fkeys)})
-        return out
-    return total
 
 
 class Watchdog:

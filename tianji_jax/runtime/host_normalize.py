@@ -18,6 +18,11 @@ their statistics shared by every actor of a run:
   (:meth:`HostNormalizer.sync`). So with several actor threads or Ray actor processes all act
   with one set of statistics, merged over every observation produced (also those of a
   trajectory the lag gate later drops: the env returned them).
+* with several learner processes (``num_processes > 1``, ``jax.distributed``) each process merges
+  its own actors' deltas into a *pending* delta; right after every (lockstep) update every process
+  gathers every process's pending delta (:meth:`SharedStatistics.exchange`, a collective that
+  moves the float64 values bit for bit) and merges them into the run's statistics in process
+  order, so every process publishes the same statistics with the same version.
 
 The statistics are float64 here (numpy) and float32 as :class:`RunningMeanStd` on the device
 (checkpoints, evaluation). Evaluation reads them frozen.
@@ -133,27 +138,57 @@ class SharedStatistics:
     Args:
         obs_shape: one observation's shape.
         restored: a :class:`HostNormStats` from a checkpoint to continue from (None: the prior).
+        gather: several processes: ``f(values (K,) float64) -> (num_processes, K) float64``, every
+            process's values in process order (a collective,
+            :func:`~tianji_jax.runtime.collectives.make_process_gather`); deltas then wait in
+            :attr:`pending` until :meth:`exchange`. None: one process (deltas merge at once).
 
     Attributes:
         obs, ret: :class:`MeanStd` of observations and of discounted returns.
+        pending: with ``gather``, ``{"obs", "ret"}``: this process's deltas since the last exchange.
         merged_steps: per actor id, the observations whose statistics were merged (tests compare
             with a reference over the same observations).
     """
 
-    def __init__(self, obs_shape: tuple[int, ...], restored: Any = None):
+    def __init__(self, obs_shape: tuple[int, ...], restored: Any = None, gather: Any = None):
         if restored is None:
             self.obs, self.ret = MeanStd.prior(obs_shape), MeanStd.prior(())
         else:
             self.obs, self.ret = MeanStd.from_running(restored.obs_rms), MeanStd.from_running(restored.return_rms)
+        self.obs_shape, self._gather = tuple(obs_shape), gather
+        self.pending = {"obs": MeanStd.empty(self.obs_shape), "ret": MeanStd.empty(())}
         self.merged_steps: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def add(self, delta: dict, actor_id: int) -> None:
-        """Merge one trajectory's ``delta`` (:meth:`HostNormalizer.take_delta`) from actor ``actor_id``."""
+        """Merge one trajectory's ``delta`` (:meth:`HostNormalizer.take_delta`) from actor ``actor_id``
+        (into :attr:`pending` with several processes)."""
         with self._lock:
-            self.obs = self.obs.merge(delta["obs"])
-            self.ret = self.ret.merge(delta["ret"])
+            if self._gather is None:
+                self.obs = self.obs.merge(delta["obs"])
+                self.ret = self.ret.merge(delta["ret"])
+            else:
+                self.pending = {k: self.pending[k].merge(delta[k]) for k in ("obs", "ret")}
             self.merged_steps[actor_id] = self.merged_steps.get(actor_id, 0) + int(round(delta["obs"].count))
+
+    def exchange(self) -> None:
+        """Several processes: merge every process's :attr:`pending` delta into the run's statistics,
+        in process order (the same arithmetic on every process, so the same result everywhere), and
+        start new pending deltas. A collective: every process calls it at the same point of the
+        run (right after each update). Nothing to do with one process."""
+        if self._gather is None:
+            return
+        with self._lock:
+            mine, self.pending = self.pending, {"obs": MeanStd.empty(self.obs_shape), "ret": MeanStd.empty(())}
+        size = int(np.prod(self.obs_shape, dtype=np.int64))
+        rows = self._gather(np.concatenate([[mine["obs"].count], mine["obs"].mean.ravel(), mine["obs"].var.ravel(),
+                                            [mine["ret"].count, float(mine["ret"].mean), float(mine["ret"].var)]]))
+        with self._lock:
+            for row in rows:
+                mean, var = row[1:1 + size], row[1 + size:1 + 2 * size]
+                self.obs = self.obs.merge(MeanStd(mean.reshape(self.obs_shape).copy(),
+                                                  var.reshape(self.obs_shape).copy(), float(row[0])))
+                self.ret = self.ret.merge(MeanStd(np.asarray(row[-2]), np.asarray(row[-1]), float(row[-3])))
 
     def published(self) -> dict:
         """``{"obs": MeanStd, "ret": MeanStd}``, copies (what actors continue from)."""
