@@ -297,8 +297,3 @@ def test_two_processes_exchange_their_statistics_after_every_update(tmp_path):
     np.testing.assert_allclose(out[0]["saved_mean"], ref.mean, rtol=1e-5, atol=1e-6)  # float32 in the train state
     assert all(bool(o["received_published"]) for o in out)
 
-
-def test_replay_normalisation_with_several_processes_is_refused():
-    with pytest.raises(ValueError, match=r"normalize_observations=True is not supported with num_processes=2"):
-        tj.DQNConfig(env="envpool:CartPole-v1", runtime="async", normalize_observations=True, num_processes=2,
-                     coordinator="127.0.0.1:1234", total_env_steps=100_000)

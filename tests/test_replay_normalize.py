@@ -169,14 +169,82 @@ def test_resume_restores_the_statistics_and_evaluation_leaves_them(tmp_path):
 
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(normalize_observations=1), TypeError, r"normalize_observations must be a bool"),
-    (dict(normalize_observations=True, runtime="async", num_processes=2, coordinator="127.0.0.1:1234",
-          learning_starts=128), ValueError,
-     r"normalize_observations=True is not supported with num_processes=2 yet.*allowed: num_processes=1"),
 ])
 def test_bad_normalisation_configs_are_refused_in_one_line(kwargs, exc, match):
     with pytest.raises(exc, match=match) as info:
         tj.DQNConfig(**{**SMALL, **kwargs})
     assert "\n" not in str(info.value)
+
+
+_PROCESS_WORKER = """
+import sys, numpy as np
+pid, port, out, env = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+from tianji_jax.runtime import distributed as dist
+dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
+import tianji_jax as tj
+from tianji_jax.runtime.host_normalize import MeanStd, SharedStatistics
+rows, exchanged = [], []
+of_rows, exchange = MeanStd.of_rows.__func__, SharedStatistics.exchange
+def record_rows(cls, x, mask):
+    rows.append(np.asarray(x, np.float64)[np.asarray(mask, bool)])
+    return of_rows(cls, x, mask)
+def record_exchange(self):  # inserts and blocks run in the learner thread: nothing arrives in between
+    exchanged.append(sum(len(r) for r in rows))
+    exchange(self)
+MeanStd.of_rows, SharedStatistics.exchange = classmethod(record_rows), record_exchange
+cfg = tj.DQNConfig(env=env, runtime="async", schedule="relaxed", num_actors=2, num_envs=4, num_steps=4,
+                   learning_starts=256, batch_size=32, buffer_capacity=2048, replay_ratio=0.125,
+                   total_env_steps=1024, eval_episodes=2, eval_every_env_steps=1024, normalize_observations=True,
+                   seed=5, num_processes=2, process_id=pid, coordinator=f"127.0.0.1:{port}")
+result = tj.train(cfg, progress=False, tensorboard=False)
+rms = result.state.learner.obs_rms
+np.savez(out, rows=np.concatenate(rows), exchanged=np.asarray(exchanged), mean=np.asarray(rms.mean),
+         var=np.asarray(rms.var), count=np.asarray(rms.count))
+print("worker done", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.slow  # two jax.distributed processes: about 60 s on 2 cores
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("env", ["envpool:CartPole-v1", "gymnax:CartPole-v1"])
+def test_two_processes_exchange_the_replay_statistics_at_every_block(tmp_path, env):
+    """Two learner processes (``num_processes=2``), each with two actors under ``relaxed``: each folds
+    the observations entering its replay into a pending delta; every learner block first merges every
+    process's delta in process order, so both learners hold the same statistics, those of every
+    observation either process had inserted by the last block (NumPy reference, float32 tolerance)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("envpool")
+    script = tmp_path / "worker.py"
+    script.write_text(_PROCESS_WORKER)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env_vars = {k: v for k, v in os.environ.items() if k != "TIANJI_DISTRIBUTED_CHILD"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), str(tmp_path / f"p{i}.npz"), env],
+                              cwd=tmp_path, env=env_vars, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    try:
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errs]
+    out = [dict(np.load(tmp_path / f"p{i}.npz")) for i in range(2)]
+    for key in ("mean", "var", "count"):
+        np.testing.assert_array_equal(out[0][key], out[1][key])  # the same statistics on both learners
+    assert len(out[0]["exchanged"]) == len(out[1]["exchanged"]) > 1  # one exchange per block, in lockstep
+    seen = np.concatenate([o["rows"][:o["exchanged"][-1]] for o in out])
+    assert float(out[0]["count"]) == pytest.approx(len(seen) + 1e-4)
+    mean = seen.mean(axis=0) * len(seen) / (len(seen) + 1e-4)  # the prior (mean 0, var 1, count 1e-4) merged in
+    np.testing.assert_allclose(out[0]["mean"], mean, rtol=1e-5, atol=1e-6)
+    m2 = 1e-4 + seen.var(axis=0) * len(seen) + seen.mean(axis=0) ** 2 * 1e-4 * len(seen) / (len(seen) + 1e-4)
+    np.testing.assert_allclose(out[0]["var"], m2 / (len(seen) + 1e-4), rtol=1e-5)
 
 
 def test_the_atari_frame_replay_is_refused():

@@ -276,19 +276,14 @@ class ReplayConfig(_AgentConfig):
 
     def _check_normalize(self, frames: bool) -> None:
         """``normalize_observations`` keeps one set of statistics, updated where observations enter
-        replay (every learner group's inserts fold into the same set): not with several processes
-        (each would see only its own actors' observations), nor with a frame replay (it stores
-        uint8 frames once)."""
+        replay (every learner group's inserts fold into the same set; several processes exchange
+        theirs at every learner block): not with a frame replay (it stores uint8 frames once)."""
         if not self.normalize_observations:
             return
         if frames:
             raise ValueError(f"normalize_observations=True is not supported with env {self.env!r}: its replay "
                              "stores each uint8 frame once (the Atari frame replay), not observations to normalise; "
                              "allowed: normalize_observations=False")
-        if self.num_processes != 1:
-            raise ValueError(f"normalize_observations=True is not supported with num_processes={self.num_processes}"
-                             " yet: each process would fold in only its own actors' observations; allowed: "
-                             "num_processes=1, or normalize_observations=False")
 
     # ---- hooks of a subclass (each raises ValueError / TypeError naming the field) ---------------
     def _check_fields(self) -> None:

@@ -31,6 +31,8 @@ from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
 from tianji_jax.runtime.host_actor import params_to_actor
+from tianji_jax.runtime.host_normalize import HostNormStats, MeanStd, SharedStatistics
+from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.runtime.replay_host import ReplayHostActor
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 
@@ -170,8 +172,13 @@ class AsyncReplay:
             self.parts.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
             for _ in range(1, groups)]
         self.replay_states[1:] = [jax.device_put(r, d) for r, d in zip(self.replay_states[1:], self.group_devices[1:])]
-        # normalisation with learner groups: one set of statistics, folded in by every group's inserts
+        # normalisation with learner groups: one set of statistics, folded in by every group's inserts;
+        # with several processes each folds its inserts into a pending delta, exchanged at every block
         self._shared_rms = learner.obs_rms if groups > 1 else None
+        self._replicated, self._process_rms = replicated, None
+        if self.multi and learner.obs_rms is not None:
+            self._process_rms = SharedStatistics(config.env_spec.observation_space.shape, HostNormStats(
+                learner.obs_rms, RunningMeanStd.create(())), dist.make_process_gather(global_mesh, self.learner_devices))
         self._rms_lock = threading.Lock()
         self.explore_metric = self.parts.EXPLORE_METRIC
         self._actor_epsilon = [float(np.mean(self.parts.host_explore(0, i, config.num_actors))) for i in range(config.num_actors)]
@@ -402,7 +409,11 @@ class AsyncReplay:
                                                         np.int32(a * self.config.num_envs), np.bool_(gap))
             else:
                 self.replay_states[group] = self._insert(self.replay_states[group], items, item_version, mask)
-                if self.learner_states[group].obs_rms is not None:
+                if self._process_rms is not None:  # several processes: merged at the next block (exchange)
+                    obs, valid = jax.device_get((items.obs, mask))
+                    self._process_rms.add({"obs": MeanStd.of_rows(obs, valid), "ret": MeanStd.empty(())},
+                                          chunk.actor_id)
+                elif self.learner_states[group].obs_rms is not None:
                     self._observe_inserted(group, items, mask)
             host = jax.device_get(stats)
             stats_g["episode_return_sum"] += float(host["episode_return_sum"])
@@ -462,6 +473,10 @@ class AsyncReplay:
                 self.timers.span("update_s"):
             # this process's inserts times the processes: the run's env steps under 'sync', close under 'relaxed'
             env_steps = self.runner.buffer.inserted * self.config.num_processes
+            if self._process_rms is not None:  # every process's inserts so far, merged in process order
+                self._process_rms.exchange()
+                rms = dist.replicate(self._process_rms.state().obs_rms, self._replicated)
+                self.learner_state = self.learner_state.replace(obs_rms=rms)
             learner, self.replay_state, metrics = self._learn(self.learner_state, self.replay_state, env_steps)
             jax.block_until_ready(learner.params)
         self.learner_state = learner
@@ -472,4 +487,4 @@ class AsyncReplay:
         metrics = {**jax.device_get(dist.local_replica(metrics)), **self.episode_stats[0], **explore,
                    "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_state)))}
         self._zero_stats(0)
-        return params, metrics
+        return dist.local_replica(self.parts.acting_params(learner)), metrics  # with the statistics, normalising

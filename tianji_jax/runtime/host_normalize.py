@@ -80,6 +80,15 @@ class MeanStd:
         m2 = self.var * self.count + other.var * other.count + delta**2 * (self.count * other.count / tot)
         return MeanStd(mean, m2 / tot, tot)
 
+    @classmethod
+    def of_rows(cls, x: np.ndarray, mask: np.ndarray) -> "MeanStd":
+        """The statistics of the rows of ``x`` ``(B, *shape)`` where ``mask`` ``(B,)`` bool is True
+        (:meth:`empty` when none is)."""
+        x, mask = np.asarray(x), np.asarray(mask, bool)
+        out = cls.empty(tuple(x.shape[1:]))
+        out.update(x[mask])
+        return out
+
     def update(self, x: np.ndarray) -> None:
         """Fold in a batch ``x`` shaped ``(B, *shape)`` (any numeric dtype), in place."""
         if len(x) == 0:
