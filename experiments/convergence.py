@@ -159,6 +159,10 @@ VENVS: dict[str, dict[str, Any]] = {
             "box2d": True},
     "rllib": {"steps": [["torch==2.13.0"], ["ray[rllib]==2.60.0"]], "check": "import ray.rllib", "box2d": True},
     "rejax": {"steps": [["rejax==0.1.3", "gymnax==0.0.9"]], "check": "import rejax", "box2d": False},
+    # experiments/ppo_brax.py: brax's own PPO trainer; brax 0.14.2's trainer calls jax.device_put_replicated,
+    # which jax 0.10 (tianji_jax's pin) no longer has, so this venv takes jax 0.7.2
+    "brax": {"steps": [["brax==0.14.2", "jax[cpu]==0.7.2", "jaxlib==0.7.2"]],
+             "check": "import jax; jax.device_put_replicated; from brax.training.agents.ppo import train", "box2d": False},
 }
 BOX2D = {"steps": [["box2d==2.3.10", "pygame"]], "check": "import Box2D, gymnasium; gymnasium.make('LunarLander-v3')"}
 

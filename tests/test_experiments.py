@@ -298,3 +298,18 @@ def test_ppo_mujoco_quick(tmp_path):
     assert list(pd.read_csv(tmp_path / "curves.csv")["env_steps"]) == [2048, 4096]
     assert len(list((tmp_path / "records").glob("HalfCheetah__tianji_jax_PPO_norm__seed0.json"))) == 1
     assert (tmp_path / "returns.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(300)
+def test_ppo_brax_quick(tmp_path):
+    """The brax PPO benchmark end to end for its tianji_jax Anakin system (brax's inverted_pendulum settings on the
+    positional pipeline, 327,680 env steps = 2 updates, evaluated after each): records, table, curves and plot;
+    the threshold is not reached this early, so steps to it are reported as not reached."""
+    pytest.importorskip("brax")
+    summary = _run_quick("ppo_brax.py", tmp_path, budget_s=45.0)
+    assert "| tianji_jax PPO anakin | 1 | 0/1 |" in summary
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert list(df["status"]) == ["done"] and df["steps_to_threshold"].isna().all()
+    assert list(pd.read_csv(tmp_path / "curves.csv")["env_steps"]) == [163840, 327680]
+    assert (tmp_path / "records" / "tianji_jax_PPO_anakin__seed0.json").exists()
+    assert (tmp_path / "returns.png").stat().st_size > 0

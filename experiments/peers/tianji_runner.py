@@ -43,6 +43,10 @@ on [0, 100]; ``"qr"``: ``distributional="qr"``, 51 quantiles; ``"dist-plain"``: 
 plain (expected-value) DQN. ``CONV_INFO`` reports ``updates_per_env_step`` (gradient updates per env
 step once learning has started) and ``startup_s`` (process start to the end of the config, just before
 ``train()``; also in ``CONV_DONE``, measured there just before ``train()``).
+Spec ``hp`` ``"brax"`` (``experiments/ppo_brax.py``, env ``inverted_pendulum``: brax's id
+``brax:inverted_pendulum|backend=positional``): brax's published inverted_pendulum PPO settings in
+``PPOConfig``'s fields (``BRAX_PPO`` below), Anakin or async ``sync``. Spec ``stop_at_return`` (any row):
+the run stops at its first evaluation at or above it (``PPOConfig.stop_at_return``).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
 evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay` (looked up there by
 ``train`` and ``evaluate``); nothing in the library is changed. ``CONV_DONE``'s ``tail_compile_s``
@@ -91,7 +95,16 @@ host_replay.replay_evaluator = _timed_factory(host_replay.replay_evaluator)
 
 ENVS = {"CartPole-v1": {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1"},
         "LunarLander": {"envpool": "envpool:LunarLander-v2"}, "Pendulum-v1": {"gymnax": "gymnax:Pendulum-v1"},
-        "HalfCheetah": {"envpool": "envpool:HalfCheetah-v4"}, "Hopper": {"envpool": "envpool:Hopper-v4"}}
+        "HalfCheetah": {"envpool": "envpool:HalfCheetah-v4"}, "Hopper": {"envpool": "envpool:Hopper-v4"},
+        "inverted_pendulum": {"gymnax": "brax:inverted_pendulum|backend=positional"}}
+# brax's published inverted_pendulum PPO settings (experiments/ppo_brax.py, peers/brax_runner.py) in PPOConfig's
+# fields (spec ``hp`` ``"brax"``): 2048 envs x 80 steps per update (brax: 16 unrolls of 5 per env per training
+# step, GAE within each unroll; here GAE over the 80 steps), 4 epochs x 32 minibatches, gamma 0.97, lambda 0.95,
+# clip 0.3, entropy 1e-2, Adam 3e-4 constant, observation normalisation, no gradient clipping (1e6 never binds);
+# tianji_jax's default 64-64 tanh networks with a state-independent Gaussian, no constant reward scaling (brax: 10)
+BRAX_PPO = dict(num_envs=2048, num_steps=80, update_epochs=4, num_minibatches=32, learning_rate=3e-4, anneal_lr=False,
+                gamma=0.97, gae_lambda=0.95, clip_eps=0.3, ent_coef=1e-2, vf_coef=0.5, max_grad_norm=1e6,
+                normalize_observations=True, hidden_sizes=(64, 64), activation="tanh")
 # CleanRL's ppo_continuous_action.py in PPOConfig's fields (experiments/ppo_mujoco.py; spec ``hp`` ``"cleanrl"``,
 # and ``"cleanrl-raw"`` without normalisation): actions clipped to the Box bounds, 1 env x 2048 steps
 CLEANRL_PPO = dict(num_envs=1, num_steps=2048, update_epochs=10, num_minibatches=32, learning_rate=3e-4, anneal_lr=True,
@@ -142,6 +155,11 @@ def make_config():
         return tj.PPOConfig(env=env_id + "|clip_action", runtime="async", schedule=mode,
                             normalize_observations=norm, scale_rewards=norm,
                             **{**CLEANRL_PPO, "total_env_steps": 1_000_000, **common})
+    if algo == "ppo" and spec.get("hp") == "brax":  # experiments/ppo_brax.py
+        if env != "inverted_pendulum" or mode not in ("anakin", "sync"):
+            P.unsupported("the brax variant is defined for inverted_pendulum in Anakin and async 'sync' modes only")
+        return tj.PPOConfig(env=env_id, runtime="anakin" if mode == "anakin" else "async",
+                            **({} if mode == "anakin" else {"schedule": mode}), **{**BRAX_PPO, **common})
     if algo == "ppo" and spec.get("hp") == "sb3":  # rl-baselines3-zoo ppo.yml CartPole-v1, as sb3_runner.py
         if env != "CartPole-v1":
             P.unsupported("the sb3-hp variant is defined for CartPole-v1 only")
@@ -189,6 +207,8 @@ def make_config():
 
 try:
     config = make_config()
+    if spec.get("stop_at_return") is not None:  # experiments/ppo_brax.py: the run ends at the threshold
+        config = config.replace(stop_at_return=float(spec["stop_at_return"]))
 except ValueError as err:  # e.g. Anakin on a host env (envpool): the library rejects the config
     P.unsupported(f"not yet supported by tianji_jax: {err}")
 
