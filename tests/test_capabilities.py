@@ -39,6 +39,8 @@ _ELSEWHERE = {  # supported cells that need other processes: the test that runs 
     **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
                            ("groups", "envpool"), ("groups", "gymnasium"))},
+    **{(algo, "async", "ray", layout, "gymnax"): "tests/test_ray_actors.py::test_device_env_cells_on_ray_actors_run"
+       for algo in ("ppo", "pqn", "dqn", "sac") for layout in ("single", "data_parallel", "groups")},
 }
 
 

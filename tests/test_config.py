@@ -156,7 +156,6 @@ BAD_VALUES = [
     ("coordinator", "127.0.0.1:1234", ValueError, r"coordinator=.* needs num_processes > 1"),
     ("heartbeat_timeout_s", 0, ValueError, "heartbeat_timeout_s"),
     ("actor_backend", "processes", ValueError, "actor_backend"),
-    ("actor_backend", "ray", ValueError, r"actor_backend='ray' runs host envs"),
     ("ray_address", "auto", ValueError, r"ray_address='auto' needs actor_backend='ray'"),
     ("ray_max_restarts", -1, ValueError, "ray_max_restarts"),
     ("burn_in_steps", 4, ValueError, r"burn_in_steps=4 needs a recurrent core"),

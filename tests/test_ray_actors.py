@@ -234,6 +234,46 @@ def test_sac_ray_cells_of_the_capability_table_run(cluster, env, layout):
         np.testing.assert_allclose(np.asarray(rms.var), obs.var(0), rtol=2e-5, atol=1e-6)
 
 
+_DEVICE_ENV_CASES = [  # every algorithm once on a device env, the learner layouts rotating over them
+    ("ppo", "gymnax:CartPole-v1", {"normalize_observations": True}),
+    ("pqn", "gymnax:CartPole-v1", {"num_learner_devices": 2}),
+    ("dqn", "gymnax:CartPole-v1", {"num_learner_groups": 2}),
+    ("sac", "gymnax:Pendulum-v1", {"normalize_observations": True, "num_learner_devices": 2}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("algo, env, layout", _DEVICE_ENV_CASES, ids=[c[0] for c in _DEVICE_ENV_CASES])
+def test_device_env_cells_on_ray_actors_run(cluster, algo, env, layout):
+    """The capability table's Ray cells on device envs (gymnax ids): each remote actor steps its envs
+    through GymnaxHostVecEnv (one jitted step of its envs on its CPU, the host backends' next-step
+    auto-reset), so every algorithm's host actor runs them as it runs envpool; a few updates within the
+    lag bound, nothing lost, finite losses, episodes counted. The learner layouts are the same code
+    for every env backend once actors step on the host (their runs with envpool and gymnasium are above);
+    here each runs once."""
+    make = {"ppo": tj.PPOConfig, "pqn": tj.PQNConfig, "dqn": tj.DQNConfig, "sac": tj.SACConfig}[algo]
+    common = dict(env=env, runtime="async", actor_backend="ray", num_actors=2, eval_episodes=0, seed=0, **layout)
+    if algo in ("ppo", "pqn"):
+        config = make(**common, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1,
+                                total_env_steps=4 * 2 * 128, eval_every_env_steps=2 * 128)
+    else:
+        small = {**{k: v for k, v in DQN_SMALL.items() if k not in common},
+                 **({"hidden_sizes": (32, 32), "replay_ratio": 1 / 8} if algo == "sac" else {})}
+        config = make(**common, **small, total_env_steps=1200, eval_every_env_steps=400)
+    assert config.host_stepped
+    result = tj.train(config, progress=False)
+    c = result.curve
+    assert np.all(c["lost_chunks"] == 0) and c["env_steps"][-1] >= 0.66 * config.env_steps
+    if algo in ("ppo", "pqn"):  # (replay samples older items by design: its gate is at insert)
+        assert np.all(c["policy_lag_max"] <= config.policy_lag_bound)
+    loss = "td_loss" if algo != "ppo" else "value_loss"
+    assert np.all(np.isfinite(c[loss]))
+    assert algo == "sac" or np.nansum(c["episodes"]) > 0  # (Pendulum's 200-step episodes outlast each env's share)
+    if config.normalize_observations and algo == "ppo":  # the run's shared host statistics
+        assert float(result.state.actor.obs_rms.count) >= config.env_steps
+
+
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
     its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""

@@ -128,6 +128,18 @@ def test_data_parallel_learners_fold_in_every_shard():
     _assert_stats_of(result.state.learner.obs_rms, stored)
 
 
+@pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "envpool:CartPole-v1"], ids=["device", "host"])
+def test_async_data_parallel_learners_fold_in_every_shard(env):
+    """The async runtime with two data-parallel learners: its inserts arrive split by env over the
+    learner devices ((L, T * N / L, ...)); the statistics are those of every observation in every
+    shard (this layout once failed with a shape error at the first insert)."""
+    config = tj.DQNConfig(**SMALL, runtime="async", normalize_observations=True, num_learner_devices=2, env=env)
+    result = tj.train(config, progress=False)
+    stored = _stored_obs(result.state.replay)
+    assert len(stored) >= 300
+    _assert_stats_of(result.state.learner.obs_rms, stored)
+
+
 def test_acting_evaluation_and_sampling_read_the_statistics():
     config = tj.DQNConfig(**SMALL, normalize_observations=True)
     trainer = tj.make_train(config, 1)

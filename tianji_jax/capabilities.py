@@ -76,10 +76,6 @@ RULES: tuple[_Rule, ...] = (
           "Anakin's compiled program holds the env state as values (vmapped over seeds, checkpointed); host envs keep theirs in place (gymnasium in Python, envpool in C++, whose XLA step only host actors' compiled blocks use)",
           "runtime={value!r}: env {env!r} runs on the host ({backend}), which only the async runtime drives; "
           "allowed: runtime='async' (Anakin needs gymnax)"),
-    _Rule(lambda c: c.actors == "ray" and c.env == "gymnax", "actor_backend",
-          "Ray actors run host envs; gymnax envs on Ray actors are not built yet",
-          "actor_backend='ray' runs host envs (envpool:/gymnasium:) on remote actors; env {env!r} is a gymnax env "
-          "(allowed with actor_backend='threads')"),
     _Rule(lambda c: c.runtime == "anakin" and c.actors == "ray", "actor_backend",
           "Anakin has no separate actors (acting is fused with learning)",
           "actor_backend='ray' needs runtime='async' (Anakin has no separate actors: acting is fused with learning)"),
@@ -224,6 +220,8 @@ MULTI_DISCRETE_REFUSED: tuple[tuple[str, str], ...] = (
     ("host backends (`envpool:`, `gymnasium:`)", "their resolver reads Discrete and Box action spaces only; a "
      "gymnasium MultiDiscrete env is refused when the env is resolved (MultiDiscrete: the device suites)"),
     ("`|clip_action`", "it clips a Box action; a MultiDiscrete env is refused when the wrapper is applied"),
+    ("`actor_backend='ray'`", "Ray actor processes step every env through the host env API (a device env "
+     "through GymnaxHostVecEnv), which takes Discrete and Box actions; MultiDiscrete envs run on actor threads"),
     ("an action mask", "a joint mask over the factors cannot be split into per-factor masks: a Jumanji task with "
      "one (Minesweeper-v0, Tetris-v0) is flattened to Discrete(prod(nvec)), mask included, and runs as Discrete"),
 )

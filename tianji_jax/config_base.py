@@ -187,6 +187,14 @@ class _AgentConfig:
         """
         return dataclasses.replace(self, **changes)
 
+    @property
+    def host_stepped(self) -> bool:
+        """Actors step the envs on the host (``HostActor``): host env backends (envpool,
+        gymnasium), and device envs on Ray actor processes (through
+        :class:`~tianji_jax.envs.gymnax_host.GymnaxHostVecEnv`). Such actors keep no device actor
+        state: a checkpoint holds none, and a resume starts fresh episodes."""
+        return bool(self.env_spec.on_host or getattr(self, "actor_backend", "threads") == "ray")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict of the fields (an env object is written as its class name)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

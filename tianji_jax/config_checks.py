@@ -68,6 +68,10 @@ def _check_ray(config: Any, spec: EnvSpec) -> None:
             raise ValueError(f"ray_max_restarts={config.ray_max_restarts} needs actor_backend='ray' (it is how often Ray "
                              f"restarts a dead remote actor); allowed with actor_backend='threads': {default} (default)")
         return
+    if getattr(spec, "action_kind", None) == "multi_discrete":
+        raise ValueError(f"actor_backend='ray' is not supported with env {config.env!r}: its {spec.action_space!r} "
+                         "action space is MultiDiscrete, and Ray actor processes step envs through the host env "
+                         "API (Discrete and Box actions); allowed: actor_backend='threads'")
     if config.ray_address is not None and (not isinstance(config.ray_address, str) or not config.ray_address):
         raise ValueError(f"ray_address must be None, 'auto' or 'HOST:PORT', got {config.ray_address!r}")
     import importlib.util

@@ -368,7 +368,7 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
         init_replay = ((lambda: init_sharded_replay(agent, shards, total_shards=shards * procs))
                        if shards > 1 or procs > 1
                        else (lambda: agent.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)))
-        if not has_actor or config.env_spec.on_host:  # host actors keep no device actor state
+        if not has_actor or config.host_stepped:  # host actors keep no device actor state
             return ReplayTrainState(None, *jax.eval_shape(
                 lambda k: (agent.init_learner(agent.split_init_key(k)[1]), init_replay()), key))
         state = jax.eval_shape(trainer.init, key)
@@ -376,10 +376,10 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
             state = state.replace(replay=jax.eval_shape(init_replay))
     else:
         trainer = make_train(one_device(config))  # the shapes; a data-parallel run's load on one device
-        if not has_actor or config.env_spec.on_host:
+        if not has_actor or config.host_stepped:
             agent = trainer.agent
             learner = jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key)
-            if config.env_spec.on_host and (config.normalize_observations or config.scale_rewards):
+            if config.host_stepped and (config.normalize_observations or config.scale_rewards):
                 from tianji_jax.runtime.host_normalize import SharedStatistics  # the run's statistics
 
                 return PPOTrainState(jax.eval_shape(

@@ -177,10 +177,11 @@ class OnPolicyConfig(_AgentConfig):
     """Multi-host: a process silent this long is declared dead and every survivor exits non-zero;
     a collective update that makes no progress for this long + 30 s also ends the process."""
     actor_backend: Literal["threads", "ray"] = layout("threads")
-    """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
-    actor processes on Ray Core (any node of a Ray cluster; TianJi's actor/learner role split),
-    each with its own num_envs envs and a CPU policy copy, feeding this learner through the same
-    admission, lag gate and rate limiter (needs ``pip install tianji-jax[ray]``)."""
+    """Async: where actors run. 'threads': actor threads in this process; 'ray': remote actor
+    processes on Ray Core (any node of a Ray cluster; TianJi's actor/learner role split), each
+    with its own num_envs envs (host envs, or device envs stepped on its CPU through
+    GymnaxHostVecEnv) and a CPU policy copy, feeding this learner through the same admission,
+    lag gate and rate limiter (needs ``pip install tianji-jax[ray]``)."""
     ray_address: str | None = layout(None)
     """actor_backend='ray': the cluster to join ('auto' or 'HOST:PORT'); None reuses this
     process's Ray connection or starts a private local instance on 127.0.0.1."""

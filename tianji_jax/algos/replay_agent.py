@@ -248,13 +248,16 @@ class ReplayAgent:
 
     def observe(self, learner: ReplayLearnerState, items: dqn.Transition, mask: jax.Array) -> ReplayLearnerState:
         """Fold the observations of a rollout's inserted transitions into ``learner.obs_rms``
-        (``items.obs`` ``(T * N, *obs_shape)``, rows where ``mask`` ``(T * N,)`` bool is True),
+        (``items.obs`` ``(T * N, *obs_shape)``, rows where ``mask`` ``(T * N,)`` bool is True; also
+        as data-parallel learners take them, split by env into ``(L, T * N / L, ...)``),
         right after they enter replay: every step's observation is counted once, when its
         transition is inserted (``n_step - 1`` steps after it was taken). Unchanged without
         normalisation. Pure; the runtimes call it wherever they insert."""
         if learner.obs_rms is None:
             return learner
-        return learner.replace(obs_rms=learner.obs_rms.update_masked(items.obs, mask))
+        shape = learner.obs_rms.mean.shape  # data-parallel items come split by env: (L, T * N / L, ...)
+        obs = jnp.reshape(items.obs, (-1, *shape))
+        return learner.replace(obs_rms=learner.obs_rms.update_masked(obs, jnp.reshape(mask, (-1,))))
 
     def acting_params(self, learner: ReplayLearnerState) -> Any:
         """What actors act with: ``learner.params``, or an :class:`ActingParams` pair of the params

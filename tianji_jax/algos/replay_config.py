@@ -137,8 +137,9 @@ class ReplayConfig(_AgentConfig):
     """Consecutive updates with a skipped gradient step (a non-finite loss or gradient: the step
     is not applied and is counted in ``nonfinite_skips``) that stop the run with an error, >= 1."""
     actor_backend: Literal["threads", "ray"] = layout("threads")
-    """Async, host envs: where actors run. 'threads': actor threads in this process; 'ray': remote
-    actor processes on Ray Core (any node of a Ray cluster), each with its own num_envs envs and a
+    """Async: where actors run. 'threads': actor threads in this process; 'ray': remote actor
+    processes on Ray Core (any node of a Ray cluster), each with its own num_envs envs (host envs,
+    or device envs stepped on its CPU through GymnaxHostVecEnv) and a
     CPU copy of the acting network, building its n-step transitions (or Atari frame chunks) itself and
     feeding this learner's replay through the same lag gate at insert and rate limiter (needs
     ``pip install tianji-jax[ray]``). Schedules such as DQN's linear epsilon read the run's env

@@ -98,7 +98,10 @@ class EnvSpec:
     def make_host_env(self, num_envs: int, seed: int, batch_size: int | None = None, evaluation: bool = False,
                       atari: dict | None = None):
         """A new host vectorised env of this spec (:class:`~tianji_jax.envs.host.EnvpoolVecEnv`
-        or :class:`~tianji_jax.envs.host.GymnasiumVecEnv`).
+        or :class:`~tianji_jax.envs.host.GymnasiumVecEnv`; for a device env, gymnax, a JAX suite or
+        brax, a :class:`~tianji_jax.envs.gymnax_host.GymnaxHostVecEnv`: the same env stepped by one
+        jitted call per batched step on the CPU, with the host backends' next-step auto-reset, which
+        Ray actor processes drive).
 
         envpool Atari games get the settings of CleanRL's envpool agents for training: 4 stacked
         84x84 grey frames, frame skip 4, up to 30 no-op starts, fire reset (envpool's defaults),
@@ -117,8 +120,8 @@ class EnvSpec:
         reported apart from training's, so a modelled simulator delay would only slow it down.
 
         Raises:
-            ValueError: a gymnax spec, ``batch_size`` for gymnasium (sync only), or an unknown key
-                in ``atari``.
+            ValueError: ``batch_size`` for gymnasium or a device env (sync only), an unknown key in
+                ``atari``, or a device env whose action space is not Discrete / Box.
         """
         from tianji_jax.envs import host
 
@@ -138,8 +141,12 @@ class EnvSpec:
                 raise ValueError(f"env_batch_size={batch_size}: gymnasium vector envs are sync only "
                                  f"(allowed: None or num_envs={num_envs})")
             return self._with_latency(host.GymnasiumVecEnv(self.base_id, num_envs, seed=seed), evaluation)
-        raise ValueError(f"env {self.name!r}: backend {self.backend!r} is not a host backend "
-                         f"(allowed: {list(HOST_BACKENDS)})")
+        if batch_size not in (None, num_envs):
+            raise ValueError(f"env_batch_size={batch_size}: device envs stepped on the host are sync only "
+                             f"(allowed: None or num_envs={num_envs})")
+        from tianji_jax.envs.gymnax_host import GymnaxHostVecEnv  # a device env behind the host API (Ray actors)
+
+        return GymnaxHostVecEnv(self, num_envs, seed=seed)
 
     def _with_latency(self, env: Any, evaluation: bool) -> Any:
         """``env`` with the training latency (not for evaluation), then the id's host wrappers."""

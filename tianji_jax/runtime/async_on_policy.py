@@ -167,7 +167,7 @@ class AsyncOnPolicy:
             self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
-        if config.env_spec.on_host:  # host actors time their two halves apart (gymnax fuses them)
+        if config.host_stepped:  # host actors time their two halves apart (gymnax fuses them)
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
         k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
         init_learner, init_actor = jitted_inits(config)
@@ -196,7 +196,7 @@ class AsyncOnPolicy:
         self.remote = None  # RemoteActors (actor_backend='ray')
         self.watchdog = None
         self.host_norm = None
-        if config.env_spec.on_host:
+        if config.host_stepped:
             self._actor_states = [None] * config.num_actors
             if config.normalize_observations or config.scale_rewards:
                 self.host_norm = SharedStatistics(  # several processes: exchanged after each update
@@ -403,7 +403,7 @@ class AsyncOnPolicy:
 
     def _update(self, item, version: int):
         traj = item.data
-        if not self.config.env_spec.on_host:  # gymnax: (trajectory, actor state right after it)
+        if not self.config.host_stepped:  # gymnax device actors: (trajectory, actor state right after it)
             traj, self.consumed_actor_states[item.actor_id] = item.data
         if self.multi:  # a collective over every process: one local trajectory each, in lockstep
             first = version == self.runner.start_version  # it compiles (also the first after a resume)

@@ -149,7 +149,7 @@ class AsyncReplay:
             k_actor = jax.random.fold_in(k_actor, 1_000_003 + jax.process_index())
             env_seed = (config.seed + jax.process_index() * config.num_actors * config.num_envs) % 2**31
         keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
-        on_host = config.env_spec.on_host
+        on_host = config.host_stepped
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = init_learner(k_learner), None
@@ -187,7 +187,7 @@ class AsyncReplay:
         self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
         self.host_actors: list[ReplayHostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
-        if config.env_spec.on_host:
+        if on_host:
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
             self._actor_states = [None] * config.num_actors
             if restore is not None:  # host env state is not checkpointed: fresh seeds, fresh episodes
