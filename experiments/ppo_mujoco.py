@@ -74,9 +74,11 @@ def run_line(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def return_at(rec: dict[str, Any], steps: int) -> float:
-    """The run's evaluation return at the last evaluation at or before ``steps`` env steps (NaN: none)."""
-    vals = [e["eval_return_mean"] for e in rec["evals"] if e["env_steps"] <= steps]
+def return_at(rec: dict[str, Any], steps: int, slack: int = 0) -> float:
+    """The run's evaluation return at the last evaluation at or before ``steps + slack`` env steps (NaN:
+    none). ``slack`` absorbs the systems' different rollout lengths (tianji_jax evaluates at the end of the
+    2048-step rollout that crosses a cadence mark, SB3 on its own 512-step grid)."""
+    vals = [e["eval_return_mean"] for e in rec["evals"] if e["env_steps"] <= steps + slack]
     return float(vals[-1]) if vals else math.nan
 
 
@@ -93,7 +95,7 @@ def make_summary(args, records: list[dict[str, Any]], commands: list[str], wall_
            "stochastic policy), not a run here.", ""]
     for env in args.envs:
         rs = [r for r in measured if r["env"] == env]
-        grid = sorted({e["env_steps"] for r in rs for e in r["evals"]})
+        grid = list(range(args.eval_every, args.budget + 1, args.eval_every)) if rs else []
         out += [f"## {env}-v4", "", "| system | seeds | final eval return | best eval return | train env steps/s "
                 "| process wall s | load 1m start |", "|---|---|---|---|---|---|---|"]
         for s in systems:
@@ -109,10 +111,11 @@ def make_summary(args, records: list[dict[str, Any]], commands: list[str], wall_
         out += [f"| CleanRL ppo_continuous_action (reported, 1M steps) | - | {mean:.0f} +- {std:.0f} | | | | |", ""]
         if grid:
             names = [s.name for s in systems if any(r["system"] == s.name for r in rs)]
-            out += ["Evaluation return at equal env steps (median [min..max] over seeds):", "",
+            out += [f"Evaluation return at equal env steps (the last evaluation within {args.eval_every // 50:,} steps past "
+                    "the mark; median [min..max] over seeds):", "",
                     "| env steps | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
             for st in grid:
-                vals = [C.median_range([return_at(r, st) for r in rs if r["system"] == n], "{:.0f}") for n in names]
+                vals = [C.median_range([return_at(r, st, args.eval_every // 50) for r in rs if r["system"] == n], "{:.0f}") for n in names]
                 out.append(f"| {st:,} | " + " | ".join(vals) + " |")
             out.append("")
     other = [r for r in records if r["status"] not in ("done",)]

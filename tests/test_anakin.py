@@ -123,3 +123,18 @@ def test_continuous_actions_run_and_are_clipped_for_the_env():
     state, metrics = trainer(trainer.init(jax.random.PRNGKey(0)))
     assert np.all(np.isfinite(np.asarray(metrics["policy_loss"])))
     assert float(state.reward_scaler.rms.count) > 1.0
+
+
+@pytest.mark.parametrize("recurrent", ["none", "lstm"])
+def test_log_std_init_sets_the_gaussian_policys_initial_std(recurrent):
+    """``log_std_init`` (SB3's): the initial params' log std is the value given (feed-forward and
+    recurrent networks); a categorical policy refuses a non-zero value in one line."""
+    config = tj.PPOConfig(**{**SMALL, "env": "gymnax:Pendulum-v1", "log_std_init": -2.0, "recurrent": recurrent})
+    trainer = tj.make_train(config, updates_per_chunk=1)
+    params = trainer.init(jax.random.PRNGKey(0)).learner.params
+    found = [np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(params)[0] if "log_std" in str(k)]
+    assert len(found) == 1 and np.all(found[0] == np.float32(-2.0))
+    with pytest.raises(ValueError, match=r"log_std_init=-2.0 sets a Gaussian policy's initial log std.*allowed: 0.0"):
+        tj.PPOConfig(env="gymnax:CartPole-v1", log_std_init=-2.0)
+    with pytest.raises(ValueError, match=r"log_std_init must be"):
+        tj.PPOConfig(env="gymnax:Pendulum-v1", log_std_init=5.0)

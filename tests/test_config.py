@@ -105,6 +105,10 @@ BAD_VALUES = [
     ("vf_coef", NAN, ValueError, "vf_coef"),
     ("ent_coef", -0.01, ValueError, "ent_coef"),
     ("ent_coef", INF, ValueError, "ent_coef"),
+    ("log_std_init", -21.0, ValueError, "log_std_init"),
+    ("log_std_init", 2.5, ValueError, "log_std_init"),
+    ("log_std_init", NAN, ValueError, "log_std_init"),
+    ("log_std_init", -2.0, ValueError, r"log_std_init=-2.0 .*allowed: 0.0"),  # CartPole: categorical
     # max_grad_norm > 0
     ("max_grad_norm", 0.0, ValueError, "max_grad_norm"),
     ("max_grad_norm", -1.0, ValueError, "max_grad_norm"),

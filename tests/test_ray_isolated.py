@@ -19,8 +19,21 @@ FAULT_TESTS = "killed or dying_past_max_restarts"
 """The kill/restart tests: their timings failed beside another worker, so they run alone (serial)."""
 
 
-def _child_pytest(select: str, expect_passed: int) -> None:
+def _collected(select: str, env: dict) -> int:
+    """How many tests of tests/test_ray_actors.py `-k select` picks (so the pass count below is
+    checked against the file as it is, not a number written by hand)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                           "-k", select, str(ROOT / "tests" / "test_ray_actors.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    found = re.search(r"(\d+)(?:/\d+)? tests? collected", proc.stdout + proc.stderr)
+    assert found, (proc.stdout + proc.stderr)[-4000:]
+    return int(found.group(1))
+
+
+def _child_pytest(select: str, min_expected: int) -> None:
     env = dict(os.environ, TIANJI_RAY_CHILD="1")
+    expect_passed = _collected(select, env)
+    assert expect_passed >= min_expected, f"only {expect_passed} tests selected by {select!r}"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rA",
                            "-k", select, str(ROOT / "tests" / "test_ray_actors.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1740)
@@ -37,7 +50,7 @@ def _child_pytest(select: str, expect_passed: int) -> None:
 @pytest.mark.timeout(1800)
 def test_ray_actor_tests_in_a_child_process():
     """Everything in tests/test_ray_actors.py but the kill/restart tests, beside the other worker."""
-    _child_pytest(f"not ({FAULT_TESTS})", 19)
+    _child_pytest(f"not ({FAULT_TESTS})", 19)  # at least 19; the file has more
 
 
 @pytest.mark.slow  # about 1-1.5 minutes (3 tests and a two-node cluster's start)
@@ -45,4 +58,4 @@ def test_ray_actor_tests_in_a_child_process():
 @pytest.mark.timeout(900)
 def test_ray_fault_tests_in_a_child_process():
     """The kill/restart tests of tests/test_ray_actors.py, alone."""
-    _child_pytest(FAULT_TESTS, 3)
+    _child_pytest(FAULT_TESTS, 3)  # at least 3

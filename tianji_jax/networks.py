@@ -262,12 +262,13 @@ class ActorCritic(nn.Module):
         action_dim: number of actions (Discrete) or action dimensions (Box).
         continuous: ``False`` -> the actor outputs ``(B, action_dim)`` float32 logits;
             ``True`` -> it outputs the Gaussian mean ``(B, action_dim)`` and a state-independent
-            ``log_std`` parameter ``(action_dim,)`` (initialised to 0).
+            ``log_std`` parameter ``(action_dim,)`` (initialised to ``log_std_init``).
         hidden_sizes: hidden widths of each MLP (unused by the Nature CNN torso).
         activation: ``"tanh"`` or ``"relu"`` (MLPs only).
         torso: one of :data:`TORSOS`, or a user torso factory (:func:`resolve_torso`), shared by
             the linear actor and critic heads (``hidden_sizes`` unused).
         obs_shape: one observation's shape (tells :class:`SmallCNN` the channel layout).
+        log_std_init: the Gaussian policy's initial log standard deviation (Box actions; 0: CleanRL's).
 
     ``__call__(obs)`` takes ``(B, *obs_shape)`` (any numeric dtype, flattened and cast to float32)
     and returns ``(actor_out, value)``: ``actor_out`` is logits ``(B, A)`` or ``(mean (B, A),
@@ -280,6 +281,7 @@ class ActorCritic(nn.Module):
     activation: str = "tanh"
     torso: Any = "mlp"
     obs_shape: tuple[int, ...] = ()
+    log_std_init: float = 0.0
 
     @nn.compact
     def __call__(self, obs: jax.Array):
@@ -300,7 +302,7 @@ class ActorCritic(nn.Module):
                 c = act(_dense(h, np.sqrt(2))(c))
         head = _dense(self.action_dim, 0.01)(a)
         if self.continuous:
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,))
             actor_out = (head, log_std)
         else:
             actor_out = head

@@ -83,6 +83,7 @@ class _Heads(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     torso: Any = "mlp"
+    log_std_init: float = 0.0
 
     @nn.compact
     def __call__(self, y: jax.Array) -> tuple[Any, jax.Array]:
@@ -95,7 +96,7 @@ class _Heads(nn.Module):
                 c = act(_dense(h, np.sqrt(2))(c))
         head = _dense(self.action_dim, 0.01)(a)
         if self.continuous:
-            actor_out = (head, self.param("log_std", nn.initializers.zeros, (self.action_dim,)))
+            actor_out = (head, self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,)))
         else:
             actor_out = head
         return actor_out, _dense(1, 1.0)(c)[..., 0]
@@ -122,13 +123,15 @@ class RecurrentActorCritic(nn.Module):
     Attributes:
         action_dim: number of actions (Discrete) or action dimensions (Box).
         continuous: ``False`` -> logits ``(..., action_dim)``; ``True`` -> ``(mean (..., action_dim),
-            log_std (action_dim,))`` with a state-independent ``log_std`` parameter (initialised to 0).
+            log_std (action_dim,))`` with a state-independent ``log_std`` parameter (initialised to
+            ``log_std_init``).
         hidden_sizes: widths of the torso's MLP (``mlp`` and ``small_cnn`` torsos).
         activation: ``"tanh"`` or ``"relu"`` (the MLP's).
         torso: one of :data:`~tianji_jax.networks.TORSOS` or a user torso factory.
         obs_shape: one observation's shape (tells the small CNN the channel layout).
         cell: ``"lstm"`` or ``"gru"`` (:data:`CELLS`).
         rnn_hidden_size: ``H``, the core's units.
+        log_std_init: the Gaussian policy's initial log standard deviation (Box actions).
 
     ``__call__(carry, obs, reset)`` is one step for ``B`` envs: ``carry`` (leaves float32 ``(B, H)``),
     ``obs (B, *obs_shape)`` (any numeric dtype), ``reset (B,)`` bool (the env's previous step ended an
@@ -144,13 +147,15 @@ class RecurrentActorCritic(nn.Module):
     obs_shape: tuple[int, ...] = ()
     cell: str = "lstm"
     rnn_hidden_size: int = 128
+    log_std_init: float = 0.0
 
     def setup(self) -> None:
         """The submodules: torso, core, heads (and ``log_std`` for Box actions)."""
         self.features = _Features(self.hidden_sizes, self.activation, self.torso, self.obs_shape)
         self.core = (nn.OptimizedLSTMCell(self.rnn_hidden_size) if self.cell == "lstm"
                      else nn.GRUCell(self.rnn_hidden_size))
-        self.heads = _Heads(self.action_dim, self.continuous, self.hidden_sizes, self.activation, self.torso)
+        self.heads = _Heads(self.action_dim, self.continuous, self.hidden_sizes, self.activation, self.torso,
+                            self.log_std_init)
 
     def _heads(self, y: jax.Array) -> tuple[Any, jax.Array]:
         return self.heads(y)

@@ -40,12 +40,14 @@ def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
                   if spec.action_kind == "multi_discrete" else spec.action_space.n)
     shape = tuple(spec.observation_shape)
     network = ActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
-                          activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape)
+                          activation=config.activation, torso=resolve_torso(config.torso, shape), obs_shape=shape,
+                          log_std_init=config.log_std_init)
     check_network(network, shape, spec.observation_space.dtype)  # the recurrent network's torso is the same
     if config.recurrent != "none":
         return RecurrentActorCritic(action_dim=action_dim, continuous=continuous, hidden_sizes=tuple(config.hidden_sizes),
                                     activation=config.activation, torso=network.torso, obs_shape=shape,
-                                    cell=config.recurrent, rnn_hidden_size=config.rnn_hidden_size)
+                                    cell=config.recurrent, rnn_hidden_size=config.rnn_hidden_size,
+                                    log_std_init=config.log_std_init)
     return network
 
 

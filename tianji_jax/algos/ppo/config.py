@@ -56,6 +56,10 @@ class PPOConfig(OnPolicyConfig):
     """Weight of the entropy bonus, >= 0."""
     normalize_advantages: bool = True
     """Normalise advantages to zero mean, unit std within each minibatch."""
+    log_std_init: float = 0.0
+    """Box action spaces: the initial value of the Gaussian policy's state-independent log standard
+    deviation (0: CleanRL's, a std of 1; Stable-Baselines3's ``log_std_init``, e.g. -2 in
+    rl-baselines3-zoo's MuJoCo settings), in [-20, 2]; Discrete and MultiDiscrete envs take only 0."""
     burn_in_steps: int = 0
     """Recurrent PPO: the first this many steps of every rollout column only warm up the core's state
     for the loss (no loss terms, no gradient through them; R2D2's burn-in, Kapturowski et al. 2019).
@@ -73,6 +77,7 @@ class PPOConfig(OnPolicyConfig):
         _check_float("ent_coef", self.ent_coef, low=0.0)
         for name in ("clip_value_loss", "normalize_advantages"):
             _check_bool(name, getattr(self, name))
+        _check_float("log_std_init", self.log_std_init, low=-20.0, high=2.0)
         _check_int("burn_in_steps", self.burn_in_steps, minimum=0)
         if self.burn_in_steps and self.recurrent == "none":
             raise ValueError(f"burn_in_steps={self.burn_in_steps} needs a recurrent core (recurrent 'lstm' or 'gru', "
@@ -91,6 +96,9 @@ class PPOConfig(OnPolicyConfig):
         if spec.action_kind not in ("discrete", "multi_discrete", "continuous"):
             raise ValueError(f"env: PPO handles Discrete, MultiDiscrete and 1-D Box action spaces, got "
                              f"{spec.action_space!r}")
+        if self.log_std_init != 0.0 and spec.action_kind != "continuous":
+            raise ValueError(f"log_std_init={self.log_std_init} sets a Gaussian policy's initial log std (Box actions); "
+                             f"env {spec.name!r} has {spec.action_space!r}, a categorical policy; allowed: 0.0")
 
     def describe(self) -> str:
         """One paragraph saying what will run: env, updates, batch and minibatch sizes, env steps."""
