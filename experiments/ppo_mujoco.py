@@ -13,6 +13,11 @@ Systems (every run a fresh process, ``convergence.run_one``; tianji_jax's persis
   (the actor's rollout k uses the params after update k-1, as CleanRL's loop), envpool ``HalfCheetah-v4``
   / ``Hopper-v4``.
 * ``tianji_jax PPO raw``: the same without normalisation and reward scaling.
+* ``tianji_jax PPO zoo-hp``: tianji_jax PPO with the SB3 system's hyper-parameters below (the zoo's tuned
+  entries: 1 env x 512 steps, 20 / 5 epochs, minibatches of 64 / 32, constant learning rate, 256-256 ReLU,
+  ``log_std_init=-2``, normalisation and reward scaling; ``peers/tianji_runner.py`` ``ZOO_PPO``), to tell the
+  hyper-parameters' share of the gap to SB3 from the implementations'. One difference remains: SB3's
+  ``ortho_init=False`` (torch's default initialisation), which tianji_jax's orthogonal networks do not offer.
 * ``SB3 PPO``: Stable-Baselines3 2.9.2 PPO with rl-baselines3-zoo's tuned ``ppo.yml`` entries for
   ``HalfCheetah-v3`` / ``Hopper-v3`` (``VecNormalize`` on observations and rewards, 1 env, 256-256 ReLU,
   log-std init -2; ``peers/sb3_runner.py``) on gymnasium's ``HalfCheetah-v4`` / ``Hopper-v4``, one torch
@@ -58,7 +63,8 @@ ENVS = ("HalfCheetah", "Hopper")
 NORM = CV.System("tianji_jax PPO norm", "ppo", "tianji_runner.py", mode="sync", envs=ENVS, hp="cleanrl")
 RAW = CV.System("tianji_jax PPO raw", "ppo", "tianji_runner.py", mode="sync", envs=ENVS, hp="cleanrl-raw")
 SB3 = CV.System("SB3 PPO", "ppo", "sb3_runner.py", "sb3", envs=ENVS)
-SYSTEMS = (NORM, RAW, SB3)
+ZOO = CV.System("tianji_jax PPO zoo-hp", "ppo", "tianji_runner.py", mode="sync", envs=ENVS, hp="sb3")
+SYSTEMS = (NORM, RAW, SB3, ZOO)
 # CleanRL's reported returns at 1M env steps (see the module docstring): (mean, std over seeds)
 CLEANRL = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74)}
 
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start, load_start = time.perf_counter(), C.loadavg()
     records_dir = args.out / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
-    pythons: dict[str, Path | None] = {NORM.name: Path(sys.executable), RAW.name: Path(sys.executable)}
+    pythons: dict[str, Path | None] = {n: Path(sys.executable) for n in (NORM.name, RAW.name, ZOO.name)}
     errors: dict[str, str] = {}
     if SB3 in systems and not args.report_only:
         pythons[SB3.name], err = SH.ensure_sb3(args.cache_dir, args.install_timeout_s)

@@ -3,13 +3,15 @@
 * the adapter against brax itself: auto-reset with brax's true final observation, truncation at the
   time limit, brax's ``done`` as a termination kept apart from truncation, spaces and names;
 * a truncated brax step's GAE target bootstraps from V(final observation), not V(reset observation);
-* PPO trains a few updates in Anakin and on async device actors, with episode statistics;
+* PPO trains a few updates in Anakin and on async device actors, with episode statistics; SAC a few
+  updates in Anakin;
 * one-line refusals: brax missing (names the extra), unknown name, unknown backend or modifier.
 
 Every test uses the ``positional`` pipeline on ``inverted_pendulum`` (4 observations, 1 action),
 the smallest env; still, each compiled program holding a brax step takes 20-30 s to compile on a
-shared 2-core CPU, so the adapter tests share one program (:func:`walk`) and the file has three such
-programs in all (the walk, Anakin's chunk, the async actor's and learner's), about 2-3 minutes.
+shared 2-core CPU, so the adapter tests share one program (:func:`walk`) and the file has four such
+programs in all (the walk, PPO's and SAC's Anakin chunks, the async actor's and learner's), about 3-4
+minutes.
 """
 
 from __future__ import annotations
@@ -149,6 +151,24 @@ def test_ppo_trains_on_brax_with_episode_statistics(runtime):
         assert np.all(np.isfinite(curve[key])), (key, curve[key])
     assert np.all((curve["episode_length_mean"] >= 1) & (curve["episode_length_mean"] <= 25))
     assert np.all(curve["episode_return_mean"] > 0)  # inverted_pendulum pays 1 per step alive
+
+
+def test_sac_trains_on_brax_in_anakin():
+    """Budget ~60 s on a loaded 2-core CPU (one fused chunk holding a brax step, ~30 s to compile).
+    SAC, the replay algorithm for Box actions, through the same env layer: 4 envs x 25-step episodes,
+    learning from env step 64 on; finite TD and policy losses, a temperature that moved from its
+    initial value, episode statistics from the falls and truncations, actions inside the Box."""
+    config = tj.SACConfig(env=PENDULUM + "|episode_length=25", num_envs=4, num_steps=2, learning_starts=64,
+                          buffer_capacity=1024, batch_size=32, replay_ratio=0.25, hidden_sizes=(32, 32),
+                          total_env_steps=320, eval_every_env_steps=160, eval_episodes=0, seed=0)
+    result = tj.train(config, progress=False)
+    curve = result.curve
+    assert curve["env_steps"][-1] == 320
+    learned = curve["env_steps"] > 64
+    for key in ("td_loss", "policy_loss", "alpha", "episode_return_mean", "episode_length_mean"):
+        assert np.all(np.isfinite(curve[key][learned])), (key, curve[key])
+    assert float(np.exp(result.params["log_alpha"])) != pytest.approx(config.init_alpha)
+    assert np.all(curve["episode_return_mean"][learned] > 0)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------

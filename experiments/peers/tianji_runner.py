@@ -15,7 +15,8 @@ batch 128, buffer 50k, hard target copy every 250 updates (= 250 env steps), eps
 12% of the 100k-step budget, gamma 0.99, 256-256 ReLU MLP, Huber loss (delta 1, SB3's smooth L1),
 plain (not Double) 1-step DQN as SB3's; learning from 128 transitions (SB3 starts at 0 and
 samples with replacement; tianji_jax needs one batch in replay).
-Spec ``hp`` ``"sb3"`` (the ``sb3-hp`` system, CartPole-v1 PPO): rl-baselines3-zoo's tuned CartPole
+Spec ``hp`` ``"sb3"`` on the MuJoCo rows: rl-baselines3-zoo's tuned HalfCheetah / Hopper PPO (``ZOO_PPO``
+below, ``experiments/ppo_mujoco.py``). Spec ``hp`` ``"sb3"`` (the ``sb3-hp`` system, CartPole-v1 PPO): rl-baselines3-zoo's tuned CartPole
 PPO, as ``sb3_runner.py`` runs it: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98,
 lambda 0.8, no entropy bonus, lr 1e-3 annealed linearly to 0 over the 100k-step budget; the zoo
 also anneals the clip range 0.2 -> 0, which tianji_jax does not (clip 0.2 throughout).
@@ -110,6 +111,18 @@ BRAX_PPO = dict(num_envs=2048, num_steps=80, update_epochs=4, num_minibatches=32
 CLEANRL_PPO = dict(num_envs=1, num_steps=2048, update_epochs=10, num_minibatches=32, learning_rate=3e-4, anneal_lr=True,
                    gamma=0.99, gae_lambda=0.95, clip_eps=0.2, clip_value_loss=True, ent_coef=0.0, vf_coef=0.5,
                    max_grad_norm=0.5, hidden_sizes=(64, 64), activation="tanh", normalize_advantages=True)
+# rl-baselines3-zoo's tuned ppo.yml HalfCheetah-v3 / Hopper-v3 entries, as sb3_runner.py runs them (spec ``hp``
+# ``"sb3"`` on the MuJoCo rows, experiments/ppo_mujoco.py): 1 env x 512 steps, minibatches of 64 (HalfCheetah)
+# / 32 (Hopper), constant Adam rate, no value clipping, separate 256-256 ReLU actor and critic, log-std init -2,
+# observation normalisation and reward scaling (VecNormalize's, clip 10), actions clipped to the Box bounds.
+# Not replicated: SB3's ``ortho_init=False`` (torch's default init; tianji_jax's networks are orthogonal)
+_ZOO_NET = dict(hidden_sizes=(256, 256), activation="relu", log_std_init=-2.0, clip_value_loss=False, anneal_lr=False,
+                normalize_advantages=True, normalize_observations=True, scale_rewards=True, num_envs=1, num_steps=512)
+ZOO_PPO = {"HalfCheetah": dict(num_minibatches=8, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                               clip_eps=0.1, update_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+                               **_ZOO_NET),
+           "Hopper": dict(num_minibatches=16, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519, clip_eps=0.2,
+                          update_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671, **_ZOO_NET)}
 # tests/dqn_settings.py CARTPOLE_FAST (the distributional DQN learning tests), less its evaluation and stop
 # settings; budget 80k env steps with the test's epsilon decay of 0.125 * 150k = 18,750 env steps
 DIST_BUDGET = 80_000
@@ -155,6 +168,11 @@ def make_config():
         return tj.PPOConfig(env=env_id + "|clip_action", runtime="async", schedule=mode,
                             normalize_observations=norm, scale_rewards=norm,
                             **{**CLEANRL_PPO, "total_env_steps": 1_000_000, **common})
+    if algo == "ppo" and spec.get("hp") == "sb3" and env in ZOO_PPO:  # experiments/ppo_mujoco.py
+        if mode == "anakin":
+            P.unsupported("the MuJoCo sb3 variants run on the async runtime only (envpool host envs)")
+        return tj.PPOConfig(env=env_id + "|clip_action", runtime="async", schedule=mode,
+                            **{**ZOO_PPO[env], "total_env_steps": 1_000_000, **common})
     if algo == "ppo" and spec.get("hp") == "brax":  # experiments/ppo_brax.py
         if env != "inverted_pendulum" or mode not in ("anakin", "sync"):
             P.unsupported("the brax variant is defined for inverted_pendulum in Anakin and async 'sync' modes only")
