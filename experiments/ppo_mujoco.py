@@ -131,7 +131,8 @@ def make_summary(args, records: list[dict[str, Any]], commands: list[str], wall_
     if short:
         out += ["", f"**Partial**: fewer than {args.seeds} seeds for {', '.join(short)} (resume with the same "
                 "command; finished runs are kept).", ""]
-    out.append(f"Total wall of the last invocation {wall_s:.0f} s.")
+    if not args.report_only:
+        out.append(f"Total wall of the last invocation {wall_s:.0f} s.")
     return "\n".join(out) + "\n"
 
 
