@@ -145,6 +145,8 @@ def test_ppo_trains_on_brax_with_episode_statistics(runtime):
     lengths reported from the episodes that ended (falls and truncations)."""
     config = tj.PPOConfig(env=PENDULUM + "|episode_length=25", runtime=runtime, **PPO_SMALL)
     assert config.env_spec.action_kind == "continuous"
+    assert "env options backend=positional, episode_length=25;" in config.describe()  # brax's, not wrappers
+    assert "wrappers" not in config.describe()
     curve = tj.train(config, progress=False).curve
     assert curve["env_steps"][-1] == 4 * 16 * 3
     for key in ("value_loss", "policy_loss", "grad_norm", "episode_return_mean", "episode_length_mean"):
@@ -185,6 +187,8 @@ def test_one_line_refusals(monkeypatch):
     refused("brax:ant|episode_length=0", r"modifier 'episode_length' got value '0'; allowed: an integer >= 1")
     refused("brax:ant|backend=spring|backend=spring", "modifier 'backend' given twice")
     refused("brax:ant|frame_stak=2", "unknown wrapper 'frame_stak'")
+    refused("brax:ant|episodelength=5", r"unknown wrapper 'episodelength' \(in 'episodelength=5'\); allowed brax "
+            r"modifiers: \['backend', 'episode_length'\]; allowed wrappers: \['mask', 'frame_stack', 'clip_action'\]$")
     with pytest.raises(ValueError, match="needs a Discrete action space|Discrete envs"):
         tj.PQNConfig(env=PENDULUM)
     with pytest.raises(ValueError, match="Discrete"):

@@ -131,9 +131,16 @@ def _describe_env_layer(config: Any, normalised: str = "acted on and learned fro
     """The env layer of ``describe()``: the wrappers the env id names (``|``-separated, applied
     left to right) and the statistics the config asks for (observation normalisation, reward
     scaling); empty when there are none. ``normalised`` says where normalised observations are used."""
+    from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
+    from tianji_jax.envs.wrappers import WRAPPER_SYNTAX
+
     name = config.env_spec.name if isinstance(config.env, str) else ""
-    wrappers = name.split("|")[1:]
-    parts = [f"wrappers {', '.join(wrappers)} (from the env id)"] if wrappers else []
+    terms = name.split("|")[1:]
+    is_wrapper = [t.partition("=")[0] in WRAPPER_SYNTAX or t.partition("=")[0] in HOST_WRAPPER_SYNTAX for t in terms]
+    wrappers = [t for t, w in zip(terms, is_wrapper) if w]
+    options = [t for t, w in zip(terms, is_wrapper) if not w]  # e.g. brax's backend / episode_length
+    parts = [f"env options {', '.join(options)}"] if options else []
+    parts += [f"wrappers {', '.join(wrappers)} (from the env id)"] if wrappers else []
     if getattr(config, "normalize_observations", False):
         parts.append("observation normalisation by running mean/std, clipped to [-10, 10] "
                      f"(observations {normalised})")

@@ -172,7 +172,8 @@ def resolve_brax_id(env_id: str, terms: Sequence[str], env_text: str = "") -> tu
         order (``"hopper|backend=positional"``).
 
     Raises:
-        ValueError: one line: a modifier given twice or with a bad value (gives the allowed values),
+        ValueError: one line: a modifier given twice or with a bad value (gives the allowed values), a
+            term that is neither a modifier nor a wrapper (lists both),
             and everything :func:`make_brax_env` refuses.
     """
     prefix = f"env={env_text or f'brax:{env_id}'!r}: "
@@ -181,6 +182,12 @@ def resolve_brax_id(env_id: str, terms: Sequence[str], env_text: str = "") -> tu
     for term in terms:
         key, eq, value = (s.strip() for s in term.strip().partition("="))
         if key not in BRAX_MODIFIERS:
+            from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
+            from tianji_jax.envs.wrappers import WRAPPER_SYNTAX
+
+            if key not in WRAPPER_SYNTAX and key not in HOST_WRAPPER_SYNTAX:
+                raise ValueError(f"{prefix}unknown wrapper {key!r} (in {term.strip()!r}); allowed brax modifiers: "
+                                 f"{list(BRAX_MODIFIERS)}; allowed wrappers: {list(WRAPPER_SYNTAX)}")
             wrappers.append(term)
             continue
         if key in values:
