@@ -355,5 +355,8 @@ def make_suite_env(suite: str, env_id: str, env_text: str = "") -> SuiteEnv:
                          f"pip install \"tianji-jax[{info.extra}]\"")
     ids = info.ids()
     if env_id not in ids:
-        raise ValueError(f"{where}unknown or unsupported {suite} id {env_id!r}; allowed: {list(ids)}")
+        why = (" (XLand-* ids sample rulesets from benchmarks that are downloaded on first use; only the "
+               "procedurally generated MiniGrid-* ids are offered)" if suite == "xminigrid" and env_id.startswith("XLand")
+               else "")
+        raise ValueError(f"{where}unknown or unsupported {suite} id {env_id!r}{why}; allowed: {list(ids)}")
     return info.build(env_id)
