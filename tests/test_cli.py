@@ -343,3 +343,15 @@ def test_a_multi_host_resume_with_another_process_count_is_one_line(tmp_path, ca
     assert err == (f"tianji train: error: --num-processes 1: the run in {str(tmp_path)!r} ran with num_processes=2; "
                    "a resume relaunches the same number of processes (allowed: --num-processes 2)\n")
     assert no_training == []
+
+
+def test_done_line_returns_say_what_is_missing_instead_of_nan():
+    """The CLI's ``done:`` line: the library's two-decimal rounding, words where a column is empty."""
+    from tianji_jax.run_status import final_returns
+
+    nan = float("nan")
+    assert final_returns({"episode_return_mean": 44.236, "eval_return_mean": 500.0}) == \
+        "episode_return_mean 44.24, eval_return_mean 500.00"
+    assert final_returns({"episode_return_mean": 0.15, "eval_return_mean": nan}) == \
+        "episode_return_mean 0.15, no evaluation"
+    assert final_returns({"episode_return_mean": nan}) == "no training episode ended, no evaluation"

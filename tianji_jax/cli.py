@@ -275,12 +275,10 @@ def _train(argv: list[str]) -> int:
               + (" (stopped at --stop-at-return)" if result.stopped_early else "") + "; its last row: eval_return_mean "
               f"{last.get('eval_return_mean', float('nan')):.1f}", flush=True)
         return 0
-    from tianji_jax.run_status import average_rate, eval_cost
+    from tianji_jax.run_status import average_rate, eval_cost, final_returns
 
     print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s"
-          f"{average_rate(curve)}; "
-          f"episode_return_mean {last.get('episode_return_mean', float('nan')):.1f}, "
-          f"eval_return_mean {last.get('eval_return_mean', float('nan')):.1f}"
+          f"{average_rate(curve)}; {final_returns(last)}"
           + (" (stopped at --stop-at-return)" if result.stopped_early else "") + eval_cost(curve), flush=True)
     if args.profile:
         print(f"profile: {Path(run_dir) / 'profile'} (timers.json: seconds per phase; plugins/profile/: the "

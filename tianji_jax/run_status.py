@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
-           "summary_line", "eval_cost", "average_rate", "report_end", "SigintLatch"]
+           "summary_line", "eval_cost", "average_rate", "final_returns", "report_end", "SigintLatch"]
 
 
 def metrics_rows(run_dir: str | Path) -> int:
@@ -207,3 +207,12 @@ class SigintLatch:
             import signal
 
             signal.signal(signal.SIGINT, self._previous)
+
+
+def final_returns(last: dict[str, float]) -> str:
+    """The returns part of the CLI's ``done:`` line from a run's last metrics row:
+    ``"episode_return_mean 44.24, eval_return_mean 500.00"`` (the library's rounding), with words
+    instead of ``nan`` where a column has no value (``no training episode ended``, ``no evaluation``)."""
+    words = {"episode_return_mean": "no training episode ended", "eval_return_mean": "no evaluation"}
+    values = {k: last.get(k, math.nan) for k in words}
+    return ", ".join(words[k] if math.isnan(v) else f"{k} {v:.2f}" for k, v in values.items())
