@@ -89,7 +89,7 @@ def return_at(rec: dict[str, Any], steps: int, slack: int = 0) -> float:
 
 
 def make_summary(args, records: list[dict[str, Any]], commands: list[str], wall_s: float) -> str:
-    systems = [s for s in SYSTEMS if s.name in args.systems]
+    systems = [s for s in SYSTEMS if any(r["system"] == s.name for r in records)]
     measured = [r for r in records if r["status"] in ("done", "capped")]
     out = ["# PPO on MuJoCo: tianji_jax (with and without normalisation) against CleanRL and SB3", "",
            "Command: " + ", ".join(f"`{c}`" for c in commands if c), "",
@@ -126,7 +126,7 @@ def make_summary(args, records: list[dict[str, Any]], commands: list[str], wall_
             out.append("")
     other = [r for r in records if r["status"] not in ("done",)]
     out += [f"- {r['env']} {r['system']} seed {r['seed']}: **{r['status']}** {r.get('reason', '')[:300]}" for r in other]
-    short = [f"{env} {s.name}" for env in args.envs for s in systems
+    short = [f"{env} {s.name}" for env in args.envs for s in systems if s.name in args.systems
              if sum(r["env"] == env and r["system"] == s.name for r in measured) < args.seeds]
     if short:
         out += ["", f"**Partial**: fewer than {args.seeds} seeds for {', '.join(short)} (resume with the same "
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{rec.get('process_wall_s', 0):.0f} s {rec.get('reason', '')[:300]}", flush=True)
     shutil.rmtree(tmp_root, ignore_errors=True)
     records = [json.loads(p.read_text()) for p in sorted(records_dir.glob("*.json"))]
-    records = [r for r in records if r["env"] in args.envs and r["system"] in [s.name for s in systems]]
+    # the outputs hold every system with records (a --systems run that fills some cells keeps the others)
+    records = [r for r in records if r["env"] in args.envs and r["system"] in [s.name for s in SYSTEMS]]
     measured = [r for r in records if r["status"] in ("done", "capped")]
     C.write_csv([run_line(r) for r in measured], args.out / "results.csv")
     C.write_csv([{"env": r["env"], "system": r["system"], "seed": r["seed"], **e} for r in measured for e in r["evals"]],
