@@ -131,12 +131,11 @@ def _describe_env_layer(config: Any, normalised: str = "acted on and learned fro
     """The env layer of ``describe()``: the wrappers the env id names (``|``-separated, applied
     left to right) and the statistics the config asks for (observation normalisation, reward
     scaling); empty when there are none. ``normalised`` says where normalised observations are used."""
-    from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
-    from tianji_jax.envs.wrappers import WRAPPER_SYNTAX
+    from tianji_jax.envs.wrappers import is_wrapper_name
 
     name = config.env_spec.name if isinstance(config.env, str) else ""
     terms = name.split("|")[1:]
-    is_wrapper = [t.partition("=")[0] in WRAPPER_SYNTAX or t.partition("=")[0] in HOST_WRAPPER_SYNTAX for t in terms]
+    is_wrapper = [is_wrapper_name(t.partition("=")[0]) for t in terms]
     wrappers = [t for t, w in zip(terms, is_wrapper) if w]
     options = [t for t, w in zip(terms, is_wrapper) if not w]  # e.g. brax's backend / episode_length
     parts = [f"env options {', '.join(options)}"] if options else []

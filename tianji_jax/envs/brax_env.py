@@ -182,10 +182,9 @@ def resolve_brax_id(env_id: str, terms: Sequence[str], env_text: str = "") -> tu
     for term in terms:
         key, eq, value = (s.strip() for s in term.strip().partition("="))
         if key not in BRAX_MODIFIERS:
-            from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
-            from tianji_jax.envs.wrappers import WRAPPER_SYNTAX
+            from tianji_jax.envs.wrappers import WRAPPER_SYNTAX, is_wrapper_name
 
-            if key not in WRAPPER_SYNTAX and key not in HOST_WRAPPER_SYNTAX:
+            if not is_wrapper_name(key):
                 raise ValueError(f"{prefix}unknown wrapper {key!r} (in {term.strip()!r}); allowed brax modifiers: "
                                  f"{list(BRAX_MODIFIERS)}; allowed wrappers: {list(WRAPPER_SYNTAX)}")
             wrappers.append(term)

@@ -34,7 +34,7 @@ from flax import struct
 from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
 
 __all__ = ["Wrapper", "ObservationMask", "FrameStack", "FrameStackState", "ClipAction", "WRAPPER_SYNTAX",
-           "HOST_WRAPPER_SYNTAX", "apply_wrappers"]
+           "HOST_WRAPPER_SYNTAX", "apply_wrappers", "is_wrapper_name"]
 
 WRAPPER_SYNTAX = {
     "mask": "comma-separated distinct observation indices, e.g. mask=0,2 (ObservationMask)",
@@ -388,6 +388,12 @@ def parse_wrapper_term(term: str, prefix: str = "") -> tuple[str, Any]:
     except _Unparsed:
         got = f"value {value!r}" if eq else "no value"
         raise ValueError(f"{prefix}wrapper {name!r} got {got}; allowed: {WRAPPER_SYNTAX[name]}") from None
+
+
+def is_wrapper_name(name: str) -> bool:
+    """Whether ``name`` (an id term's part before ``=``) names a device or host wrapper
+    (:data:`WRAPPER_SYNTAX`, ``HOST_WRAPPER_SYNTAX``), not an env's own option such as brax's ``backend``."""
+    return name in WRAPPER_SYNTAX or name in HOST_WRAPPER_SYNTAX
 
 
 def wrapper_tag(name: str, value: Any) -> str:
