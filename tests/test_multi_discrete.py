@@ -255,7 +255,9 @@ def test_other_algorithms_refuse_a_multi_discrete_env_in_one_line(algo, config, 
 
 
 def test_c51_and_qr_and_the_cli_refuse_before_any_work(capsys, tmp_path):
-    for variant in ({"distributional": "c51"}, {"distributional": "qr"}):
+    for variant in ({"distributional": "c51"}, {"distributional": "qr"},
+                    # the space is refused before the budget rules (a larger budget would not help)
+                    {"total_env_steps": 100, "learning_starts": 10_000}):
         with pytest.raises(ValueError, match=r"which algo 'dqn' does not take"):
             tj.DQNConfig(env=RUBIKS, **variant)
     run_dir = tmp_path / "never"

@@ -7,6 +7,7 @@ of a run (:func:`finish`), the async runtime's columns (:func:`async_columns`) a
 
 from __future__ import annotations
 
+import collections
 import math
 import sys
 import time
@@ -26,7 +27,10 @@ from tianji_jax.runtime.anakin import host_metrics
 from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 
 __all__ = ["mean_or_nan", "make_display", "make_emit", "average_sps", "eval_steps_so_far", "run_anakin", "finish", "save_params",
-           "async_columns", "async_restore", "AsyncRow", "run_async"]
+           "async_columns", "async_restore", "AsyncRow", "RateWindow", "RATE_WINDOW_S", "run_async"]
+
+RATE_WINDOW_S = 1.0
+"""Shortest span (seconds) over which an async metrics row's rates are measured (see :class:`RateWindow`)."""
 
 
 def mean_or_nan(total: float, count: int) -> float:
@@ -155,25 +159,54 @@ def save_params(path: Path, params: Any) -> None:
         ckptr.wait_until_finished()
 
 
-def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, dt: float,
+@dataclass(frozen=True)
+class RateWindow:
+    """The span an async metrics row's rates (``sps``, ``production_sps``, ``consumed_sps``, the wait
+    fractions) are measured over: the row's own interval when it lasts at least
+    :data:`RATE_WINDOW_S`, else the trailing window that reaches back to the newest earlier row at
+    least that old (or the start of the run). A row made 35 ms after the previous one (one update
+    per row, a rollout already queued) otherwise reports the rate of a single hand-off, e.g. a
+    consumption rate of 100x the run's and a production rate of 0.
+
+    Attributes:
+        start: the counters (``time`` in perf_counter seconds, ``produced``, ``consumed``, ...) at
+            the window's start.
+        seconds: the window's length (> 0).
+    """
+
+    start: dict
+    seconds: float
+
+    def rate(self, snap: dict, key: str) -> float:
+        """``snap[key]`` minus its value at the window's start, per second of the window."""
+        return (snap[key] - self.start[key]) / self.seconds
+
+
+def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, window: RateWindow,
                   timers: Iterable[str]) -> dict[str, float]:
     """The async runtime's columns of a row (PPO and DQN) from the runner's counter snapshots
-    ``snap`` (now) and ``last`` (previous row), ``dt`` seconds apart: production SPS, the rate
-    limiter's observed samples-per-insert and error, dropped and lost counts, actor/learner wait fractions,
-    queue depth, and each phase timer's seconds in ``timers`` since the previous row."""
+    ``snap`` (now) and ``last`` (previous row): production SPS and the actor/learner wait fractions
+    over ``window`` (:class:`RateWindow`), the rate limiter's observed samples-per-insert and error,
+    dropped and lost counts, queue depth, the knobs in force, and each phase timer's seconds in
+    ``timers`` since the previous row."""
     return {
-        "production_sps": (snap["produced"] - last["produced"]) / dt,
+        "production_sps": window.rate(snap, "produced"),
         "spi_observed": snap["sampled"] / max(snap["limiter_inserted"], 1),
         "limiter_error": snap["limiter_error"],
         "dropped_stale": snap["dropped_stale"],
         "dropped_partial": snap["dropped_partial"],
         "lost_chunks": snap["lost_chunks"],
-        "actor_wait_frac": (snap["actor_wait_s"] - last["actor_wait_s"]) / (dt * config.num_actors),
-        "learner_wait_frac": (snap["learner_wait_s"] - last["learner_wait_s"]) / dt,
+        "actor_wait_frac": window.rate(snap, "actor_wait_s") / config.num_actors,
+        "learner_wait_frac": window.rate(snap, "learner_wait_s"),
         "queue_depth": snap["depth"],
         **{k: snap.get(k, math.nan) for k in ("lag_window", "queue_limit", "spi_band")},
         **{k: snap[k] - last[k] for k in timers},
     }
+
+
+def _counters(snap: dict) -> dict:
+    """The scalar counters of a runner snapshot (not the learner states or cuts it may carry)."""
+    return {k: v for k, v in snap.items() if isinstance(v, (int, float, np.integer, np.floating))}
 
 
 @dataclass(frozen=True)
@@ -199,7 +232,7 @@ class AsyncRow:
 
 
 def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback: Callable | None, *, every: int,
-              total: int, make_row: Callable[[list, dict, dict, float, int], AsyncRow],
+              total: int, make_row: Callable[[list, dict, dict, RateWindow, int], AsyncRow],
               close: Callable[[], None]) -> bool:
     """The async runtime's host loop, for every algorithm: run ``runner`` (an
     :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) and, after every ``every``-th update of
@@ -207,16 +240,17 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
     (``emit``), checkpoint, then call ``callback(row)``; ``close()`` runs when the threads have
     stopped, whatever happened. Returns whether the run stopped early (``emit`` said so).
 
-    ``make_row(pending, snap, last, dt, n)``: ``pending`` the row's updates as ``(version,
+    ``make_row(pending, snap, last, window, n)``: ``pending`` the row's updates as ``(version,
     metrics, item)`` in arrival order, ``snap`` / ``last`` the runner's counter snapshots of this
-    update and of the previous row (``dt`` seconds apart), ``n`` the updates so far; returns an
-    :class:`AsyncRow`.
+    update and of the previous row, ``window`` the :class:`RateWindow` the row's rates are measured
+    over, ``n`` the updates so far; returns an :class:`AsyncRow`.
 
     Raises:
         whatever a runtime thread or ``make_row`` raised (the threads are stopped first).
     """
     pending: list = []
     last = runner.take_snapshot()
+    history = collections.deque([_counters(last)])  # earlier rows' counters, oldest first, for RateWindow
     stopped = [False]
     count = [runner.start_version]  # updates of all learner groups (= the version without groups)
 
@@ -227,7 +261,13 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
         if n % every and n != total:
             return False
         snap = runner.snapshot  # counters taken by the learner thread right after this update
-        out = make_row(list(pending), snap, dict(last), max(snap["time"] - last["time"], 1e-9), n)
+        now = snap["time"]
+        while len(history) > 1 and history[1]["time"] <= now - RATE_WINDOW_S:
+            history.popleft()  # history[0] stays the newest row at least RATE_WINDOW_S old (or the start)
+        start = last if now - last["time"] >= RATE_WINDOW_S else history[0]
+        window = RateWindow(_counters(start), max(now - start["time"], 1e-9))
+        out = make_row(list(pending), snap, dict(last), window, n)
+        history.append(_counters(snap))
         pending.clear()
         last.clear()
         last.update(snap)

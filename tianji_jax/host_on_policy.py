@@ -163,15 +163,15 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
                                            start_version=runner.start_version, config=config.to_dict())
         runner.buffer.drop_log = []
 
-    def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:
+    def make_row(pending: list, snap: dict, last: dict, window: host_loop.RateWindow, version: int) -> host_loop.AsyncRow:
         # learner groups' metrics live on different devices: stack them on the host, in (group,
         # version) order whatever order the groups' updates arrived in (the row's means then sum in
         # one order)
         keyed = sorted(((runner.group_of(it.actor_id), v, p) for v, p, it in pending), key=lambda e: e[:2])
         m = jax.tree.map(lambda *xs: np.stack(xs), *[host_metrics(p) for _, _, p in keyed])
-        row = on_policy_row(config, m, version, (snap["consumed"] - last["consumed"]) / dt)
-        row.update(host_loop.async_columns(config, snap, last, dt, wired.timers.read()))
-        row.update({"consumed_sps": (snap["consumed"] - last["consumed"]) * config.update_epochs / dt,
+        row = on_policy_row(config, m, version, window.rate(snap, "consumed"))
+        row.update(host_loop.async_columns(config, snap, last, window, wired.timers.read()))
+        row.update({"consumed_sps": window.rate(snap, "consumed") * config.update_epochs,
                     "reuse": float(config.update_epochs)})
         # exactly the version just published, whatever the learner does meanwhile; with learner
         # groups the publishing group's (actor g is its first actor: its params and obs_rms match)

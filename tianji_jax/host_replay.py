@@ -176,13 +176,13 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
 
     runner.extra_snapshot = extra
 
-    def make_row(pending: list, snap: dict, last: dict, dt: float, version: int) -> host_loop.AsyncRow:
+    def make_row(pending: list, snap: dict, last: dict, window: host_loop.RateWindow, version: int) -> host_loop.AsyncRow:
         m = {k: np.asarray([p[k] for _, p, _ in pending]) for k in pending[0][1]}
         inserted, sampled = snap["inserted"], snap["sampled"]
         count = int(m["episode_count"].sum())
         after = max(1, inserted - config.learning_starts)
         row = {
-            "env_steps": inserted, "update": version, "sps": (inserted - last["inserted"]) / dt,
+            "env_steps": inserted, "update": version, "sps": window.rate(snap, "inserted"),
             "episode_return_mean": host_loop.mean_or_nan(float(m["episode_return_sum"].sum()), count),
             "episode_length_mean": host_loop.mean_or_nan(float(m["episode_length_sum"].sum()), count),
             "episodes": count, "eval_return_mean": math.nan, "eval_return_std": math.nan,
@@ -191,8 +191,8 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
             # gradient updates per env step inserted after learning_starts (as the Anakin rows count it)
             "replay_ratio_observed": sampled / config.batch_size / after,
             **_agent_columns(config, m, lambda k: float(np.mean(m[k]))),
-            "consumed_sps": (sampled - last["sampled"]) / dt, "reuse": math.nan,
-            **host_loop.async_columns(config, snap, last, dt, runtime.timers.read()),
+            "consumed_sps": window.rate(snap, "sampled"), "reuse": math.nan,
+            **host_loop.async_columns(config, snap, last, window, runtime.timers.read()),
         }
         learner, replay_copy = snap["state_copy"]  # exactly this version (the live replay is donated)
         actors = snap["cut"]["actors"]

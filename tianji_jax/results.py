@@ -25,7 +25,9 @@ METRIC_COLUMNS = (
 )
 """Columns of ``metrics.csv``, one row per compiled chunk. ``env_steps`` counts env steps taken so
 far; ``wall_time_s`` is seconds since ``train`` started; ``sps`` is env steps per second over the
-chunk; ``episode_*`` cover the training episodes that ended during the chunk (empty if none);
+chunk (async runtime: over the row's interval, or the trailing window of at least
+``host_loop.RATE_WINDOW_S`` = 1 s when rows come faster, as are ``production_sps``, ``consumed_sps``
+and the wait fractions); ``episode_*`` cover the training episodes that ended during the chunk (empty if none);
 ``eval_return_*`` are over ``eval_episodes`` deterministic episodes after the chunk (empty if disabled);
 ``eval_env_steps`` counts the env steps spent in evaluation so far (cumulative over the run's
 evaluations: the sum of their episodes' lengths, on separate envs, not part of ``env_steps``; a

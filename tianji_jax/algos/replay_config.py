@@ -202,6 +202,11 @@ class ReplayConfig(_AgentConfig):
         _check_float("replay_ratio", self.replay_ratio, low=0.0, low_open=True)
         _check_shared(self)
         self._check_fields()
+        # the env first: an action space the algorithm cannot take is refused before budget rules
+        spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
+        if isinstance(self.env, str) and ":" not in self.env:
+            object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
+        capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
         _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
         _check_int("num_actors", self.num_actors, minimum=1)
         _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
@@ -248,10 +253,6 @@ class ReplayConfig(_AgentConfig):
                 f"learning_starts={self.learning_starts} leaves no gradient update within total_env_steps="
                 f"{self.total_env_steps} ({self.num_iterations} iterations of {self.iteration_env_steps} env steps); "
                 f"allowed: learning_starts < {self.num_iterations * self.iteration_env_steps}")
-        spec = resolve_env(self.env)  # raises ValueError for unknown ids / unsupported spaces
-        if isinstance(self.env, str) and ":" not in self.env:
-            object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
-        capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
         self._check_action_space(spec)
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")

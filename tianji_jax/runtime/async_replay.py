@@ -225,7 +225,7 @@ class AsyncReplay:
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
             schedule="relaxed" if config.schedule == "auto" else config.schedule, num_groups=groups,
-            band_factor=config.replay_ratio_tolerance)
+            band_factor=config.replay_ratio_tolerance, total_inserts=config.env_steps // groups // procs)
         if config.schedule == "auto":  # relaxed, its samples-per-insert band tuned online
             self.runner.balancer = AutoBalancer(max(1, config.max_policy_lag), config.replay_ratio_tolerance,
                                                 num_actors=config.num_actors // groups)

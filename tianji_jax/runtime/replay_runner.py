@@ -56,6 +56,9 @@ class ReplayRunner(AsyncRunner):
         num_groups: learner groups G (>= 1).
         band_factor: the limiter band's half-width as a multiple (>= 1) of the narrowest that
             cannot deadlock, ``block_samples + spi * chunk_steps`` (``replay_ratio_tolerance``).
+        total_inserts: env steps a group inserts in the whole run (``relaxed``: its last block
+            waits until they are inserted, so the run takes the env steps it describes, as
+            Anakin's last iteration inserts before it learns; None: no wait).
 
     Raises:
         ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
@@ -65,7 +68,8 @@ class ReplayRunner(AsyncRunner):
     def __init__(self, *, actors: list, insert: Callable[[list[TrajectoryItem], int], None], learn: Callable,
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
                  min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
-                 schedule: str = "relaxed", num_groups: int = 1, band_factor: float = 1.0):
+                 schedule: str = "relaxed", num_groups: int = 1, band_factor: float = 1.0,
+                 total_inserts: int | None = None):
         if schedule not in ("sync", "relaxed"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
@@ -73,6 +77,7 @@ class ReplayRunner(AsyncRunner):
                          queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version,
                          num_groups=num_groups)
         self.min_size = int(min_size)
+        self.total_inserts = total_inserts
         self._processed = [0] * num_groups  # sync: chunks each group's learner has inserted (and learned after)
         self._processed_cond = threading.Condition()
         # Reverb's SampleToInsertRatio: the band sits around min_size * spi and is (band_factor times)
@@ -166,8 +171,13 @@ class ReplayRunner(AsyncRunner):
         last_fresh = time.monotonic()
         fed = False
         while version < self.num_updates and not self.stop.is_set():
+            # the last block waits for the run's last inserts (else it may run up to a band early)
+            short = (version == self.num_updates - 1 and self.total_inserts is not None
+                     and buffer.inserted < self.total_inserts)
             with self.telemetry.span("learner_wait_s"):
-                chunks, can_learn = buffer.take(version, self.block_samples, 0.5, self.stop)
+                chunks, can_learn = buffer.take(version, None if short else self.block_samples, 0.5, self.stop)
+            if short:
+                can_learn = False  # re-checked after these chunks' insert
             if chunks:
                 with self.telemetry.span("learner_busy_s"):
                     self.insert(chunks, group)
