@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["all_finite", "gradient_step", "guarded_apply", "keep_if", "skip_count", "GradientStep", "SKIP_METRIC"]
+__all__ = ["all_finite", "gradient_step", "guarded_apply", "keep_if", "skip_count", "minibatch_epochs", "GradientStep",
+           "SKIP_METRIC"]
 
 SKIP_METRIC = "nonfinite_skips"
 """Metric key: gradient steps skipped because their loss or gradient was not finite (int32)."""
@@ -159,3 +160,43 @@ def gradient_step(loss_fn: Callable, tx: optax.GradientTransformation, params: A
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
     return GradientStep(new_params, new_opt_state, loss, aux, grads, optax.tree.norm(grads), finite)
+
+
+def minibatch_epochs(loss_fn: Callable[[Any, Any], tuple[jax.Array, dict]], tx: optax.GradientTransformation,
+                     params: Any, opt_state: Any, batch: Any, key: jax.Array, *, update_epochs: int,
+                     num_minibatches: int, axis_name: str | None = None) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """``update_epochs`` passes of shuffled minibatch SGD over a flat batch, each step a guarded
+    :func:`gradient_step` (the epochs/minibatches loop of PPO, Schulman et al. 2017, Algorithm 1,
+    and PQN, Gallici et al. 2024, Algorithm 1).
+
+    Args:
+        loss_fn: ``loss_fn(params, minibatch) -> (loss, aux)``, ``aux`` a dict of float scalars.
+        tx, params, opt_state: the optimizer, its params and state.
+        batch: a pytree whose leaves share a leading axis ``B`` divisible by ``num_minibatches``.
+        key: PRNG key of the per-epoch permutations (one fresh permutation of ``B`` per epoch).
+        update_epochs, num_minibatches: static ints; minibatches hold ``B // num_minibatches`` rows.
+        axis_name: data-parallel axis (each replica permutes its own shard locally); gradients,
+            loss and ``aux`` are averaged over it, so every replica applies the same steps.
+
+    Returns:
+        ``(params, opt_state, metrics)``: ``aux`` and ``grad_norm`` (global norm before clipping)
+        averaged over the ``update_epochs * num_minibatches`` steps (float32 scalars), and int32
+        ``nonfinite_skips``, the steps skipped because their loss or gradient was not finite.
+    """
+    b = jax.tree.leaves(batch)[0].shape[0]
+
+    def minibatch_step(carry, mb):
+        p, o = carry
+        step = gradient_step(loss_fn, tx, p, o, mb, axis_name=axis_name, pmean_aux=True)
+        return (step.params, step.opt_state), {**step.aux, "grad_norm": step.grad_norm,
+                                               SKIP_METRIC: skip_count(step.finite)}
+
+    def epoch(carry, epoch_key):
+        perm = jax.random.permutation(epoch_key, b)
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), batch)
+        minibatches = jax.tree.map(lambda x: x.reshape((num_minibatches, -1, *x.shape[1:])), shuffled)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, update_epochs))
+    skips = jnp.sum(metrics.pop(SKIP_METRIC))
+    return params, opt_state, {**jax.tree.map(jnp.mean, metrics), SKIP_METRIC: skips}

@@ -79,7 +79,8 @@ class LearnerState:
 class OnPolicyAgent:
     """The actor half of an on-policy agent for one config, written against :meth:`policy`
     (pure functions; callers jit). Subclasses set ``network`` and ``tx`` in ``__init__`` and
-    implement :meth:`policy`, :meth:`apply`, :meth:`greedy`, :meth:`init_learner` and :meth:`learn`.
+    implement :meth:`policy`, :meth:`apply`, :meth:`greedy` and :meth:`learn` (:meth:`init_learner`
+    initialises ``network`` and ``tx``).
 
     Trajectory (``traj``) produced by :meth:`rollout`, a dict with leading axes ``(T, N)``:
     ``obs`` (as the policy saw it), ``action``, ``log_prob`` (behaviour), ``value`` (the agent's
@@ -139,8 +140,15 @@ class OnPolicyAgent:
         raise NotImplementedError
 
     def init_learner(self, key: jax.Array) -> LearnerState:
-        """Initialise params and optimizer; version 0."""
-        raise NotImplementedError
+        """Initialise ``self.network``'s params (on a dummy observation ``(1, *obs_shape)``, with a
+        zero carry and no reset for a recurrent network) and ``self.tx``'s state; version 0."""
+        key, k_net = jax.random.split(key)
+        dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
+        if self.recurrent:
+            params = self.network.init(k_net, self.initial_carry(1), dummy, jnp.zeros((1,), bool))
+        else:
+            params = self.network.init(k_net, dummy)
+        return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
 
     def initial_carry(self, batch: int) -> Any:
         """Recurrent agents: the zero carry of ``batch`` envs: ``(c, h)`` (LSTM) or ``h`` (GRU),

@@ -111,16 +111,6 @@ class PQNAgent(OnPolicyAgent):
         """Greedy env action ``argmax_a Q(obs, a)`` (int32 ``(B,)``) for raw ``obs``."""
         return jnp.argmax(self.q_values(params, jnp.asarray(obs, jnp.float32)), axis=-1).astype(jnp.int32)
 
-    def init_learner(self, key: jax.Array) -> LearnerState:
-        """Initialise params and optimizer; version 0."""
-        key, k_net = jax.random.split(key)
-        dummy = jnp.zeros((1, *self.spec.observation_space.shape), jnp.float32)
-        if self.recurrent:
-            params = self.network.init(k_net, self.initial_carry(1), dummy, jnp.zeros((1,), bool))
-        else:
-            params = self.network.init(k_net, dummy)
-        return LearnerState(params, self.tx.init(params), key, jnp.zeros((), jnp.int32))
-
     def learn(self, learner: LearnerState, traj: dict, axis_name: str | None = None
               ) -> tuple[LearnerState, dict[str, jax.Array]]:
         """One PQN update on a trajectory ``(T, N)``; the version is incremented.

@@ -19,7 +19,6 @@ import optax
 from flax import struct
 
 from tianji_jax.algos import guard
-from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 
 __all__ = ["q_lambda_returns", "PQNBatch", "pqn_loss", "pqn_update", "epsilon_at", "epsilon_greedy"]
 
@@ -153,27 +152,11 @@ def pqn_update(
         skipped because their loss or gradient was not finite (:mod:`tianji_jax.algos.guard`;
         params and optimizer state are then left as they were).
     """
-    b = batch.targets.shape[0]
-
     def loss_fn(p, mb):
         return pqn_loss(p, apply_fn, mb)
 
-    def minibatch_step(carry, mb):
-        params, opt_state = carry
-        step = guard.gradient_step(loss_fn, tx, params, opt_state, mb, axis_name=axis_name, pmean_aux=True)
-        metrics = {**step.aux, "grad_norm": step.grad_norm, SKIP_METRIC: skip_count(step.finite)}
-        return (step.params, step.opt_state), metrics
-
-    def epoch(carry, epoch_key):
-        perm = jax.random.permutation(epoch_key, b)
-        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), batch)
-        minibatches = jax.tree.map(lambda x: x.reshape((num_minibatches, -1, *x.shape[1:])), shuffled)
-        return jax.lax.scan(minibatch_step, carry, minibatches)
-
-    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
-                                                jax.random.split(key, update_epochs))
-    skips = jnp.sum(metrics.pop(SKIP_METRIC))
-    return params, opt_state, {**jax.tree.map(jnp.mean, metrics), SKIP_METRIC: skips}
+    return guard.minibatch_epochs(loss_fn, tx, params, opt_state, batch, key, update_epochs=update_epochs,
+                                  num_minibatches=num_minibatches, axis_name=axis_name)
 
 
 def epsilon_at(env_steps: jax.Array, start: float, finish: float, anneal_steps: int) -> jax.Array:
