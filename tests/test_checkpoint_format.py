@@ -282,6 +282,10 @@ def test_a_saved_config_without_a_field_compares_equal_to_its_default(cls, algo)
     assert "learning_rate" not in str(err.value)
     with pytest.raises(ConfigMismatchError, match=r"learning_rate: checkpoint 0.5, given"):
         check_compatible({**saved, "learning_rate": 0.5}, given)  # present and different: refused as ever
+    assert "cannot be extended" not in str(err.value)
+    with pytest.raises(ConfigMismatchError, match=r"total_env_steps: checkpoint 1000, given .*so a run cannot be "
+                                                  r"extended by resuming it: train a new run"):
+        check_compatible({**saved, "total_env_steps": 1000}, given)  # the budget sets the schedules
     with pytest.raises(ConfigMismatchError, match=r"removed_field: checkpoint 1, given '<absent>'"):
         check_compatible({**saved, "removed_field": 1}, given)  # only in the checkpoint: refused
     assert "max_nonfinite_updates" not in ckpt.RESUME_FREE_FIELDS

@@ -408,8 +408,11 @@ def check_compatible(saved_config: dict, config_dict: dict, saved_packages: dict
         elif defaults[k] != b:
             diffs.append(f"{k}: checkpoint <absent: the default, {defaults[k]!r}>, given {b!r}")
     if diffs:
+        why = ("; total_env_steps sets the run's schedules (learning-rate annealing, exploration decay, the "
+               "number of updates), so a run cannot be extended by resuming it: train a new run with the "
+               "larger budget" if any(d.startswith("total_env_steps:") for d in diffs) else "")
         raise ConfigMismatchError("cannot resume: the config differs from the checkpoint's in "
-                                  + "; ".join(diffs) + f" (fields that may differ: {sorted(RESUME_FREE_FIELDS)})")
+                                  + "; ".join(diffs) + f" (fields that may differ: {sorted(RESUME_FREE_FIELDS)})" + why)
     if saved_packages is not None and packages is not None:
         pdiffs = [f"{p}: checkpoint {saved_packages.get(p)}, installed {packages.get(p)}"
                   for p in VERSION_CHECKED_PACKAGES if saved_packages.get(p) != packages.get(p)]
