@@ -206,6 +206,10 @@ def test_not_a_checkpoint_and_corrupt_raise_clear_errors(tmp_path, ppo_full):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="config.json"):
         tj.load(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match="not a run directory"):  # as tj.load, not FileNotFoundError
+        tj.train(run_dir=tmp_path / "empty", resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="is a file, not a run directory"):
+        tj.load(ppo_full.run_dir / "config.json")
     no_ckpt = tmp_path / "no_ckpt"
     no_ckpt.mkdir()
     shutil.copy(ppo_full.run_dir / "config.json", no_ckpt / "config.json")

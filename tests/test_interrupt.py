@@ -92,7 +92,11 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "checkpoints" / "128").mkdir(parents=True)
     (ckpt / "metrics.csv").write_text(header)
-    for d in (rows, ckpt):
+    plotted = tmp_path / "plotted"  # a run with what came after it: its plot, a resume's provenance
+    (plotted / "checkpoints" / "128").mkdir(parents=True)
+    (plotted / "plot.png").write_bytes(b"")
+    (plotted / "provenance_resume_128.json").write_text("{}")
+    for d in (rows, ckpt, plotted):
         with pytest.raises(FileExistsError, match="already holds a run"):
             tj.train(config, run_dir=d, progress=False)
         with pytest.raises(FileExistsError, match="already holds a run"):

@@ -90,6 +90,8 @@ def test_stop_at_return_stops_members_one_by_one():
     ({"gamma": []}, [0], r"grid\['gamma'\] must be a non-empty list"),
     ({"gamma": [0.9]}, [], r"seeds must be a non-empty list"),
     ({"gamma": [0.9]}, [-1], r"seed must be >= 0"),
+    ({"gamma": [0.9, 0.99, 0.9]}, [0], r"grid\['gamma'\] gives \[0.9\] more than once \(an identical member"),
+    ({"gamma": [0.9]}, [1, 2, 1], r"seeds gives \[1\] more than once"),
 ])
 def test_bad_grids_are_refused_in_one_line_before_compiling(grid, seeds, match, compile_counter):
     config = tj.PPOConfig(**PPO)
@@ -97,6 +99,12 @@ def test_bad_grids_are_refused_in_one_line_before_compiling(grid, seeds, match, 
     with pytest.raises(ValueError, match=match) as info:
         tj.sweep(config, grid, seeds=seeds)
     assert "\n" not in str(info.value) and compile_counter.count == 0
+
+
+def test_without_seeds_the_config_seed_is_the_one_member_seed():
+    from tianji_jax.sweep import _check
+
+    assert _check(tj.PPOConfig(**PPO).replace(seed=5), {"gamma": [0.9, 0.99]}, None)[1] == [(0.9, 5), (0.99, 5)]
 
 
 def test_async_configs_and_unregistered_fields_are_refused():
@@ -111,7 +119,7 @@ def test_async_configs_and_unregistered_fields_are_refused():
 def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
     from tianji_jax.cli import main
 
-    out = tmp_path / "sweep.csv"
+    out = tmp_path / "new" / "sweep.csv"  # its directory is made (before training), as tianji plot does
     assert main(["sweep", "--grid", "learning_rate=1e-3,3e-4", "--seeds", "0,1", "--num-envs", "4", "--num-steps",
                  "32", "--num-minibatches", "2", "--update-epochs", "2", "--total-env-steps", "640",
                  "--eval-every-env-steps", "256", "--eval-episodes", "2", "--out", str(out)]) == 0
@@ -126,6 +134,11 @@ def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
                         (["--grid", "gamma=0.9", "--seeds", "a"], "--seeds: 'a' is not an integer"),
                         (["--grid", "recurrent=lstm,gru"], "grid fields ['recurrent'] cannot be swept"),
                         (["--grid", "gamma=0.9", "--num-envs", "4.5"], "--num-envs: '4.5' is not an integer"),
+                        (["--grid", "gamma=0.9", "--seeds", "0,1", "--seed", "5"], "--seed and --seeds are both given"),
+                        (["--grid", "gamma=0.9", "--out", str(tmp_path)], "is a directory; allowed: a CSV file path"),
+                        (["--grid", "gamma=0.9", "--env", "envpool:CartPole-v1"],
+                         "runs on the host (envpool), which only the async runtime drives; sweep trains in the "
+                         "Anakin runtime only: allowed: a device env"),
                         (["--algo", "dqn", "--recurrent", "lstm", "--grid", "learning_rate=1e-3"],
                          "--recurrent is not an option of --algo dqn (it is one of ppo, pqn): the replay data path")):
         assert main(["sweep", *argv]) == 2

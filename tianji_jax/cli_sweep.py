@@ -4,7 +4,7 @@
         --out sweep.csv --total-env-steps 100000
 
 ``--grid NAME=V1,V2,...`` (repeatable) names a traced hyper-parameter of the algorithm and its
-values; ``--seeds`` the run seeds (comma-separated, default 0); ``--out`` the CSV of the results
+values; ``--seeds`` the run seeds (comma-separated, default: the config's ``--seed``, 0); ``--out`` the CSV of the results
 table (one row per member; default ``sweep.csv``); every other option is a field of the
 algorithm's config, as for ``tianji train`` (``tianji sweep --algo NAME --help`` lists them).
 """
@@ -12,6 +12,7 @@ algorithm's config, as for ``tianji train`` (``tianji sweep --algo NAME --help``
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -90,6 +91,24 @@ def _seeds(specs: list[str]) -> list[int]:
     return seeds
 
 
+def _writable(out: Path) -> Path:
+    """``out`` once its directory exists (created as ``tianji plot`` does) and can be written, checked
+    before anything trains.
+
+    Raises:
+        ValueError: one line, when ``out`` is a directory or its directory cannot be made or written.
+    """
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a directory; allowed: a CSV file path")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot create its directory ({err.strerror})") from None
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"--out {out}: not writable")
+    return out
+
+
 def sweep_main(argv: list[str]) -> int:
     """Run ``tianji sweep`` with ``argv``; returns the exit status (0 ok, 2 bad usage or config)."""
     argv = whole_floats_to_ints(argv)
@@ -111,13 +130,19 @@ def sweep_main(argv: list[str]) -> int:
         args = tyro.cli(args_type, args=rest, prog=f"tianji sweep --algo {algo}",
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
         grid = _grid(own["--grid"], get_algorithm(algo).traced_hyperparameters)
-        seeds = _seeds(own["--seeds"])
-        out = Path(own["--out"][-1] if own["--out"] else "sweep.csv")
+        seeds = _seeds(own["--seeds"]) if own["--seeds"] else None  # None: the config's --seed
+        if seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in rest):
+            raise ValueError("--seed and --seeds are both given; use --seeds S1,S2,... alone for several seeds")
+        out = _writable(Path(own["--out"][-1] if own["--out"] else "sweep.csv"))
         from tianji_jax.sweep import sweep
 
         result = sweep(args.config, grid, seeds, progress=True)
     except (ValueError, TypeError, MemoryError) as err:
-        print(f"tianji sweep: error: {err}", file=sys.stderr)
+        msg = str(err)
+        if "which only the async runtime drives" in msg:  # the config's advice does not apply to sweeps
+            msg = msg.split("; allowed")[0] + "; sweep trains in the Anakin runtime only: allowed: a device env " \
+                  "(gymnax, a JAX suite, brax)"
+        print(f"tianji sweep: error: {msg}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0) or a flag tyro cannot parse (2)
         return exc.code if isinstance(exc.code, int) else 2

@@ -58,16 +58,17 @@ def check_new_run_dir(run_dir: str | Path) -> None:
     if str(run_dir).strip() == "":
         raise ValueError("run_dir must be a directory path, got an empty string")
     path = Path(run_dir)
-    foreign = sorted(p.name for p in path.iterdir() if p.name not in _RUN_ENTRIES) if path.is_dir() else []
-    if foreign or (path / "config.json").is_file() and '"algo"' not in (path / "config.json").read_text():
-        raise FileExistsError(f"run_dir={str(run_dir)!r} is a directory that tianji_jax did not write (it holds "
-                              f"{(foreign or ['config.json'])[:3]}); choose a new or empty directory")
+    # a run first (its directory may also hold what came after it: a plot, a resume's provenance)
     rows, entries = metrics_rows(run_dir), checkpoint_entries(run_dir)
     if rows or entries:
         held = ", ".join(([f"{rows} metrics.csv row(s)"] if rows else [])
                          + ([f"checkpoints {entries[:3]}"] if entries else []))
         raise FileExistsError(f"run_dir={str(run_dir)!r} already holds a run ({held}); choose a new directory "
                               "or resume it")
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in _RUN_ENTRIES) if path.is_dir() else []
+    if foreign or (path / "config.json").is_file() and '"algo"' not in (path / "config.json").read_text():
+        raise FileExistsError(f"run_dir={str(run_dir)!r} is a directory that tianji_jax did not write (it holds "
+                              f"{(foreign or ['config.json'])[:3]}); choose a new or empty directory")
 
 
 def resume_hint(config: Any, checkpoint: Any = None) -> tuple[str | None, str]:

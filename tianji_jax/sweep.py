@@ -146,13 +146,28 @@ def _check(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int])
     for name in names:
         if not isinstance(grid[name], (list, tuple, np.ndarray)) or len(grid[name]) == 0:
             raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {grid[name]!r}")
-        for v in grid[name]:
-            config.replace(**{name: v})  # the config's own one-line check of every value
+        checked = [getattr(config.replace(**{name: v}), name) for v in grid[name]]  # the config's own check
+        _refuse_repeats(f"grid[{name!r}]", checked)
+    if seeds is None:
+        seeds = [config.seed]
     if not isinstance(seeds, (list, tuple, np.ndarray)) or len(seeds) == 0:
         raise ValueError(f"seeds must be a non-empty list of ints in [0, 2**32), got {seeds!r}")
     seeds = [config.replace(seed=s).seed for s in seeds]  # checked; a whole float becomes an int
+    _refuse_repeats("seeds", seeds)
     members = [(*values, seed) for values in itertools.product(*(list(grid[n]) for n in names)) for seed in seeds]
     return names, members
+
+
+def _refuse_repeats(what: str, values: list) -> None:
+    """One line naming the values given more than once (each would train an identical member again)."""
+    seen, repeated = set(), []
+    for v in values:
+        if v in seen and v not in repeated:
+            repeated.append(v)
+        seen.add(v)
+    if repeated:
+        raise ValueError(f"{what} gives {repeated} more than once (an identical member, trained twice); "
+                         "allowed: distinct values")
 
 
 def _traced_config(config: Any, values: Mapping[str, jax.Array]) -> Any:
@@ -164,7 +179,7 @@ def _traced_config(config: Any, values: Mapping[str, jax.Array]) -> Any:
     return traced
 
 
-def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] = (0,), *,
+def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] | None = None, *,
           progress: bool = False) -> SweepResult:
     """Train every member of ``grid`` x ``seeds`` in one compiled, vmapped Anakin program.
 
@@ -174,7 +189,8 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] =
             ``eval_episodes`` and ``stop_at_return`` (per member) apply to every member.
         grid: field -> values, every field one of the algorithm's traced hyper-parameters
             (:func:`traced_hyperparameters`); members are the Cartesian product, then seeds.
-        seeds: run seeds; every grid point runs once per seed.
+        seeds: run seeds (distinct); every grid point runs once per seed. None: the config's
+            ``seed`` alone.
         progress: print one line per chunk to stderr.
 
     Returns:
@@ -187,7 +203,7 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] =
     Raises:
         ValueError: a runtime other than Anakin, a field that is not the config's or cannot be
             traced (the message lists the allowed ones), ``seed`` in the grid, an empty or scalar
-            value list, ``num_learner_devices > 1``, a recurrent policy (its vmapped program stalls in XLA's CPU runtime), or a
+            value list, a value or seed given twice, ``num_learner_devices > 1``, a recurrent policy (its vmapped program stalls in XLA's CPU runtime), or a
             value or seed the config refuses (its one-line message).
         TypeError: ``grid`` is not a dict, or ``config`` is not a registered algorithm's.
 

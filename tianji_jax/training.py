@@ -148,7 +148,8 @@ def train(
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
             by a run with learner groups (or an older tianji_jax without async resume), or (DQN)
             without its replay buffer.
-        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint.
+        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint, or (``resume``
+            without ``config``) is not a run directory.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).
         ImportError: ``wandb=True`` without the ``wandb`` package.
@@ -157,7 +158,12 @@ def train(
         if run_dir is None:
             raise ValueError("resume=True needs run_dir (the directory of the run to continue)")
         if config is None:
-            config = load_config(run_dir)
+            from tianji_jax import checkpoint as ckpt
+
+            try:
+                config = load_config(run_dir)
+            except FileNotFoundError as err:  # as tj.load: not a run directory
+                raise ckpt.CheckpointError(str(err)) from None
     if config is None:
         raise TypeError("config must be a PPOConfig or a DQNConfig, got None (None is allowed only with resume=True)")
     algo = algorithm_for(config)  # TypeError naming the registered config classes
@@ -254,7 +260,9 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ckpt.CheckpointError(f"{str(run_dir)!r} does not exist")
+        raise ckpt.CheckpointError(f"{str(run_dir)!r} " + ("is a file, not a run directory (the directory "
+                                                          "that holds config.json and checkpoints/)"
+                                                          if run_dir.exists() else "does not exist"))
     if config is None:
         try:
             config = load_config(run_dir)
