@@ -66,3 +66,11 @@ def test_fast_rows_use_the_trailing_window_and_slow_rows_their_own_interval():
 def test_rows_of_several_updates_measure_from_the_previous_row():
     rows = _windows([0.0, 0.2, 1.4, 2.0, 3.5], every=2)
     assert [r[:2] for r in rows] == [pytest.approx((0.0, 1.4)), pytest.approx((1.4, 2.1))]
+
+
+def test_the_window_reaches_back_to_the_newest_update_a_second_old_not_to_the_compilation():
+    # compilation until 5.0 s, then updates every 0.3 s, a row every third update
+    rows = _windows([0.0, 5.0, 5.3, 5.6, 5.9, 6.2, 6.5], every=3)
+    assert rows[0][:2] == pytest.approx((0.0, 5.6))  # the first row: from the start, compilation included
+    assert rows[1][:2] == pytest.approx((5.3, 1.2))  # the update at 5.3 s, not the run's start
+    assert rows[1][2] == pytest.approx(400 / 1.2)

@@ -163,8 +163,8 @@ def save_params(path: Path, params: Any) -> None:
 class RateWindow:
     """The span an async metrics row's rates (``sps``, ``production_sps``, ``consumed_sps``, the wait
     fractions) are measured over: the row's own interval when it lasts at least
-    :data:`RATE_WINDOW_S`, else the trailing window that reaches back to the newest earlier row at
-    least that old (or the start of the run). A row made 35 ms after the previous one (one update
+    :data:`RATE_WINDOW_S`, else the trailing window that reaches back to the newest earlier update
+    at least that old (the run's start, compilation included, while the run is younger). A row made 35 ms after the previous one (one update
     per row, a rollout already queued) otherwise reports the rate of a single hand-off, e.g. a
     consumption rate of 100x the run's and a production rate of 0.
 
@@ -250,7 +250,7 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
     """
     pending: list = []
     last = runner.take_snapshot()
-    history = collections.deque([_counters(last)])  # earlier rows' counters, oldest first, for RateWindow
+    history = collections.deque([_counters(last)])  # the start's and updates' counters, oldest first (RateWindow)
     stopped = [False]
     count = [runner.start_version]  # updates of all learner groups (= the version without groups)
 
@@ -258,12 +258,13 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
         pending.append((version, metrics, item))
         count[0] += 1
         n = count[0]
-        if n % every and n != total:
-            return False
         snap = runner.snapshot  # counters taken by the learner thread right after this update
         now = snap["time"]
         while len(history) > 1 and history[1]["time"] <= now - RATE_WINDOW_S:
-            history.popleft()  # history[0] stays the newest row at least RATE_WINDOW_S old (or the start)
+            history.popleft()  # history[0]: the newest update at least RATE_WINDOW_S old, else the oldest kept
+        if n % every and n != total:
+            history.append(_counters(snap))
+            return False
         start = last if now - last["time"] >= RATE_WINDOW_S else history[0]
         window = RateWindow(_counters(start), max(now - start["time"], 1e-9))
         out = make_row(list(pending), snap, dict(last), window, n)
