@@ -41,6 +41,8 @@ def test_registered_with_its_agent_and_the_generic_replay_runtime():
     (dict(init_alpha=-1.0), r"init_alpha must be > 0.0, got -1.0"),
     (dict(autotune="yes"), r"autotune must be a bool"),
     (dict(target_entropy=float("nan")), r"target_entropy"),
+    (dict(autotune=False, target_entropy=1.0), r"target_entropy=1.0 is the learned temperature's target; with "
+                                               r"autotune=False alpha stays init_alpha"),
     (dict(replay_ratio=0.3), r"replay_ratio=0.3 must make num_envs \* num_steps \* replay_ratio"),
     (dict(learning_starts=10), r"learning_starts=10 must be >= batch_size"),
     (dict(env="envpool:Pendulum-v1"), r"runtime='anakin': env 'envpool:Pendulum-v1' runs on the host"),

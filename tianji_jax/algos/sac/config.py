@@ -37,7 +37,7 @@ class SACConfig(ReplayConfig):
     Raises:
         ValueError: as :class:`~tianji_jax.algos.replay_config.ReplayConfig`, an action space that
             is not a 1-D Box with finite bounds and ``low < high``, ``tau`` outside (0, 1],
-            ``init_alpha <= 0``, or a non-finite ``target_entropy``; the message names the field
+            ``init_alpha <= 0``, a non-finite ``target_entropy`` or one with ``autotune=False``; the message names the field
             and what is allowed.
         TypeError: a scalar of the wrong type.
         MemoryError: the replay buffer would not fit in free device memory.
@@ -85,6 +85,10 @@ class SACConfig(ReplayConfig):
         _check_bool("autotune", self.autotune)
         if self.target_entropy is not None:
             _check_float("target_entropy", self.target_entropy)
+            if not self.autotune:
+                raise ValueError(f"target_entropy={self.target_entropy} is the learned temperature's target; with "
+                                 "autotune=False alpha stays init_alpha. Allowed: target_entropy=None (default) with "
+                                 "autotune=False, or autotune=True")
 
     def _check_action_space(self, spec: EnvSpec) -> None:
         from tianji_jax.envs.spaces import Box  # noqa: PLC0415
