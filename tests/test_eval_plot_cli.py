@@ -135,6 +135,16 @@ def test_evaluate_names_a_config_that_does_not_match_the_state():
         msg = str(info.value)
         assert re.search(f"likely config field: .*{field}", msg), msg
         assert "params/" in msg and "tianji_jax.load(run_dir).config" in msg, msg
+    # another data path's state: named as such, not blamed on a field
+    ppo_state = jax.eval_shape(tj.make_train(ppo).init, jax.random.PRNGKey(0))
+    dqn_state = jax.eval_shape(tj.make_dqn_train(dqn).init, jax.random.PRNGKey(0))
+    for config, state, match in ((dqn, ppo_state, r"it is an on-policy algorithm's train state \(ppo, pqn\) and "
+                                                  r"the config a DQNConfig \(a replay algorithm: dqn, sac\)"),
+                                 (ppo, dqn_state, r"it is a replay algorithm's train state \(dqn, sac\) and the "
+                                                  r"config a PPOConfig \(an on-policy algorithm: ppo, pqn\)")):
+        with pytest.raises(ValueError, match=match) as info:
+            tj.evaluate(config, state)
+        assert "likely config field" not in str(info.value)
 
 
 # ---- TensorBoard and the sink ------------------------------------------------------------------------

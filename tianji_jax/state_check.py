@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["expected_params", "check_params_match"]
+__all__ = ["expected_params", "check_state_kind", "check_params_match"]
 
 _SHOWN = 3  # differing leaves named in a message
 
@@ -37,6 +37,31 @@ def _likely_field(config: Any, want: tuple[int, ...], got: tuple[int, ...]) -> s
     return f"env (this config has env={config.env!r}: its observation or action shape)"
 
 
+def check_state_kind(config: Any, state: Any) -> None:
+    """Check that ``state`` is a train state of ``config``'s data path (an on-policy algorithm's
+    ``OnPolicyTrainState`` or a replay algorithm's ``ReplayTrainState``); other objects pass (their
+    params are checked by :func:`check_params_match`).
+
+    Raises:
+        ValueError: one line naming both data paths and their registered algorithms.
+    """
+    from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
+    from tianji_jax.runtime.anakin import OnPolicyTrainState, ReplayTrainState
+
+    path = algorithm_for(config).data_path
+    state_path = ("on_policy" if isinstance(state, OnPolicyTrainState) else
+                  "replay" if isinstance(state, ReplayTrainState) else path)
+    if state_path != path:
+        def algos(p: str) -> str:
+            return ", ".join(n for n in algorithm_names() if get_algorithm(n).data_path == p)
+
+        label = {"on_policy": "an on-policy", "replay": "a replay"}
+        raise ValueError(f"the state does not match the config: it is {label[state_path]} algorithm's train state "
+                         f"({algos(state_path)}) and the config a {type(config).__name__} ({label[path]} algorithm: "
+                         f"{algos(path)}); "
+                         "evaluate with the config the state was trained with (tianji_jax.load(run_dir).config)")
+
+
 def check_params_match(config: Any, params: Any) -> None:
     """Check that ``params`` (a train state's) have the tree and shapes of ``config``'s network.
 
@@ -54,6 +79,7 @@ def check_params_match(config: Any, params: Any) -> None:
         fields = f"hidden_sizes (this config has hidden_sizes={config.hidden_sizes}: {len(config.hidden_sizes)} hidden layer(s))"
         if hasattr(config, "dueling"):
             fields += f" or dueling (this config has dueling={config.dueling})"
+        fields += f", or the algorithm (this config is a {type(config).__name__})"
         raise ValueError(f"the state does not match the config: its params tree differs from this config's network "
                          f"(leaves the state lacks: {missing[:_SHOWN]}; leaves it has in addition: {extra[:_SHOWN]}); "
                          f"likely config field: {fields}" + advice)

@@ -21,7 +21,7 @@ from tianji_jax.results import METRIC_COLUMNS, LoadedRun, TrainResult
 from tianji_jax.run_files import state_template, unstack_actors
 from tianji_jax.run_status import check_new_run_dir, report_end
 from tianji_jax.runtime.anakin import PPOTrainState, shared_train as make_train
-from tianji_jax.state_check import check_params_match
+from tianji_jax.state_check import check_params_match, check_state_kind
 
 __all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
 
@@ -43,14 +43,16 @@ def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10,
         ``"lengths"`` (int64), each shaped ``(M,)``, and ``mean`` / ``std`` properties.
 
     Raises:
-        ValueError: ``num_episodes < 1``, a seed outside [0, 2**32), or a ``state`` whose params do not
-            fit ``config``'s network (the message names the leaf, both shapes and the likely field).
+        ValueError: ``num_episodes < 1``, a seed outside [0, 2**32), a ``state`` of another data path's
+            algorithm, or one whose params do not fit ``config``'s network (the message names the
+            leaf, both shapes and the likely field).
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes must be an int >= 1, got {num_episodes!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
     algo = algorithm_for(config)
+    check_state_kind(config, state)
     check_params_match(config, state.params)
     return algo.evaluate_fn()(config, state, num_episodes, seed)
 
