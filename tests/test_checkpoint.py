@@ -96,6 +96,20 @@ def test_ppo_exact_resume(tmp_path, ppo_full):
     assert tj.load(run_dir).meta["finished"] is True
 
 
+def test_a_run_stopped_at_stop_at_return_goes_on_when_resumed_with_a_higher_one(tmp_path, ppo_full):
+    """stop_at_return may change on resume: raised (or cleared), the stopped run continues from its
+    last checkpoint and equals the run that never stopped; kept, it has nothing to do."""
+    run_dir = tmp_path / "run"
+    stopped = tj.train(tj.PPOConfig(**{**PPO, "stop_at_return": -1.0}), run_dir=run_dir, progress=False)
+    assert stopped.stopped_early and list(stopped.curve["env_steps"]) == [CHUNK_STEPS]
+    again = tj.train(tj.PPOConfig(**{**PPO, "stop_at_return": -1.0}), run_dir=run_dir, progress=False, resume=True)
+    assert again.already_finished and again.stopped_early
+    resumed = tj.train(tj.PPOConfig(**PPO), run_dir=run_dir, progress=False, resume=True)
+    assert not resumed.already_finished and not resumed.stopped_early
+    assert_trees_equal(ppo_full.state, resumed.state)
+    assert_curves_equal(ppo_full.curve, resumed.curve)
+
+
 def test_normalisation_statistics_restored_and_frozen_by_evaluation(ppo_full):
     loaded = tj.load(ppo_full.run_dir)
     assert_trees_equal(loaded.state.actor.obs_rms, ppo_full.state.actor.obs_rms)

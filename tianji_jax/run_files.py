@@ -260,8 +260,17 @@ class RunFiles:
 
     @property
     def finished(self) -> bool:
-        """The restored checkpoint is the run's last (it had ended or stopped early)."""
-        return self.restored is not None and bool(self.restored.meta.get("finished", False))
+        """The restored checkpoint is the run's last: it had ended, or stopped early at a
+        ``stop_at_return`` that this config's also stops at (a resume may raise or clear it, and
+        then the run goes on from that checkpoint)."""
+        meta = self.restored.meta if self.restored is not None else {}
+        if not meta.get("finished", False):
+            return False
+        if not meta.get("stopped_early", False) or self.restored.step >= self.config.env_steps:
+            return True
+        target = self.config.stop_at_return
+        last = float(self.rows[-1].get("eval_return_mean", math.nan)) if self.rows else math.nan
+        return target is not None and last >= target
 
     def log(self, row: dict[str, float]) -> None:
         """Keep ``row`` and write it to the sink."""
