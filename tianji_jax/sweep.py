@@ -195,7 +195,8 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] |
 
     Returns:
         A :class:`SweepResult` (curves per member, final params and states, a results table).
-        Each member computes what its single run computes up to float rounding. On a GPU, JAX's
+        Each member computes what its single run computes up to float rounding, which training
+        amplifies over long runs (PPO on CartPole: 1e-3 in params after 16k env steps). On a GPU, JAX's
         default float32 matmul precision (TF32) rounds the batched and the unbatched programs
         differently (1.4e-4 in params over a short run on an H200, against 1e-5 on the CPU); set
         ``JAX_DEFAULT_MATMUL_PRECISION=highest`` for the CPU's agreement.
