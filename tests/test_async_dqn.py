@@ -88,7 +88,9 @@ def test_train_async_dqn_writes_rows_with_the_dqn_and_async_columns(tmp_path):
     assert abs(c["replay_ratio_observed"][-1] - config.replay_ratio) < 0.02
     assert np.all(c["dropped_stale"] >= 0) and np.isfinite(c["production_sps"]).all()
     assert int(result.state.learner.version) == config.learning_iterations
-    # the last block waited for the last inserts: the run took the env steps describe() states
-    assert c["env_steps"][-1] == config.env_steps and f"= {config.env_steps} env steps" in config.describe()
+    # the last block waited for the last inserts: the run took at least the env steps describe() states,
+    # and the limiter's band (1x the narrowest) lets an actor insert at most one chunk beyond them
+    assert f"= {config.env_steps} env steps" in config.describe()
+    assert config.env_steps <= c["env_steps"][-1] <= config.env_steps + config.iteration_env_steps
     assert (tmp_path / "final_params").is_dir()
 
