@@ -57,8 +57,9 @@ class ReplayRunner(AsyncRunner):
         band_factor: the limiter band's half-width as a multiple (>= 1) of the narrowest that
             cannot deadlock, ``block_samples + spi * chunk_steps`` (``replay_ratio_tolerance``).
         total_inserts: env steps a group inserts in the whole run (``relaxed``: its last block
-            waits until they are inserted, so the run takes the env steps it describes, as
-            Anakin's last iteration inserts before it learns; None: no wait).
+            waits until they are inserted, so the run takes at least the env steps it describes,
+            as Anakin's last iteration inserts before it learns; at most a chunk more, which the
+            limiter's band admits before that block; None: no wait).
 
     Raises:
         ValueError: no actors, a bad schedule/lag/actor-count combination or timeout, before any
