@@ -164,9 +164,10 @@ class RateWindow:
     """The span an async metrics row's rates (``sps``, ``production_sps``, ``consumed_sps``, the wait
     fractions) are measured over: the row's own interval when it lasts at least
     :data:`RATE_WINDOW_S`, else the trailing window that reaches back to the newest earlier update
-    at least that old (the run's start, compilation included, while the run is younger). A row made 35 ms after the previous one (one update
-    per row, a rollout already queued) otherwise reports the rate of a single hand-off, e.g. a
-    consumption rate of 100x the run's and a production rate of 0.
+    at least that old (the run's start, compilation included, while the run is younger). A row
+    made 35 ms after the previous one (one update per row, a rollout already queued) otherwise
+    reports the rate of a single hand-off, e.g. a consumption rate of 100x the run's and a
+    production rate of 0.
 
     Attributes:
         start: the counters (``time`` in perf_counter seconds, ``produced``, ``consumed``, ...) at
