@@ -391,9 +391,13 @@ def test_actor_dying_past_max_restarts_stops_the_run(cluster):
     ppo = AsyncOnPolicy(config)
     try:
         _kill_during_rollout(ppo.remote.clients[0], after_chunks=2)
+        client = ppo.remote.clients[0]
         with pytest.raises(RemoteActorError, match="no longer restarts it .max_restarts=0"):
             ppo.runner.run(lambda *_: False)
-        assert ppo.runner.buffer.produced == 2 * config.batch_size
+        # 2 chunks delivered, or 3 when the rollout submitted just before the kill returned first
+        # (seen under CI load); either way only delivered chunks were inserted, all from one process
+        assert len(client.chunks) in (2, 3) and {m.pid for m in client.chunks} == {client.chunks[0].pid}
+        assert ppo.runner.buffer.produced == len(client.chunks) * config.batch_size
     finally:
         ppo.close()
 
