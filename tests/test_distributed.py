@@ -69,7 +69,8 @@ class _Proc:
             self.p.wait(10)
 
 
-def _launch(tmp_path: Path, extra: list[str], heartbeat: int = 10) -> list[_Proc]:
+def _launch(tmp_path: Path, extra: list[str], heartbeat: int = 30) -> list[_Proc]:
+    # heartbeat 30 s: 10 s timed out once under the parallel suite's load on 2 cores (both exit 3)
     port = _free_port()
     return [_Proc(["-c", CLI, "train", *SMALL, *extra, "--num-processes", "2", "--process-id", str(i),
                    "--coordinator", f"127.0.0.1:{port}", "--heartbeat-timeout-s", str(heartbeat),
@@ -89,7 +90,9 @@ def _train_pair(tmp_path: Path, extra: list[str]) -> tuple[dict[int, str], dict[
     finally:
         for p in procs:
             p.kill()
-    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    # on failure: each child's own tianji lines (why it exited) and its stderr tail
+    assert rcs == [0, 0], [(rc, [line for _, line in p.lines if line.startswith("tianji")][-20:], p.text[-3000:])
+                           for rc, p in zip(rcs, procs)]
     d0, d1 = _digests(procs[0].text), _digests(procs[1].text)
     return d0, d1
 
