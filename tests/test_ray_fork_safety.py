@@ -1,20 +1,20 @@
 """Starting Ray forks the learner's process; OpenBLAS's fork handler stops its threads under a LAPACK
 call in flight (an orthogonal initialiser's QR, dispatched asynchronously by JAX), which then never
-returns: the run hung in its first ``int(version)``. The async runtimes wait for the learner's
-initial state before Ray starts. Here Ray is replaced by a stand-in that records whether every
-leaf was computed when it would have forked (no Ray process is started)."""
+returns: the run hung in its first ``int(version)``. ``RayContext`` waits for every live array before
+``ray.init``. Here ``ray.init`` is replaced by a stand-in that records whether every leaf of the
+learner's initial state was computed when it would have forked (no Ray process is started)."""
 
 from __future__ import annotations
 
 import jax
 import pytest
 
+ray = pytest.importorskip("ray")
+
 import tianji_jax as tj
-from tianji_jax.runtime import ray_actors
 from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 from tianji_jax.runtime.async_replay import AsyncReplay
 
-pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -43,7 +43,8 @@ def test_the_learner_state_is_computed_before_ray_forks(monkeypatch, runtime, co
             stand_in.owner = self
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(ray_actors, "RemoteActors", stand_in)
+    assert not ray.is_initialized()
+    monkeypatch.setattr(ray, "init", stand_in)
     with pytest.raises(_Started):
         Recording(config)
     assert seen == [True]

@@ -206,9 +206,6 @@ class AsyncOnPolicy:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    # starting Ray forks this process, and OpenBLAS's fork handler stops its threads under
-                    # a LAPACK call in flight (the orthogonal initialiser's QR), which then never returns
-                    jax.block_until_ready(self.learner_states)
                     self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, i % groups, i),
                                                self.timers.since, seed=env_seed)
                 else:

@@ -197,9 +197,6 @@ class AsyncReplay:
                 if config.actor_backend == "ray":
                     from tianji_jax.runtime.ray_actors import RemoteActors
 
-                    # starting Ray forks this process, and OpenBLAS's fork handler stops its threads under
-                    # a LAPACK call in flight (the orthogonal initialiser's QR), which then never returns
-                    jax.block_until_ready((self.learner_states, self.replay_states))
                     self.remote = RemoteActors(config, self._remote_to_learner, self.timers.since, self._run_env_steps,
                                                seed=config.seed if env_seed is None else env_seed)
                 else:

@@ -44,6 +44,8 @@ import time
 import uuid
 from typing import Any, Callable
 
+import jax
+
 
 __all__ = ["require_ray", "RayContext", "ParamPublisher", "RayActorClient", "ChunkMeta", "RemoteActorError",
            "STARTUP_TIMEOUT_S", "make_ray_actors", "RemoteActors"]
@@ -120,7 +122,6 @@ class _RolloutWorker:
         self.run_env_steps = 0  # the run's env steps as of the newest rollout request (DQN's epsilon)
 
     def _start(self, incarnation: int) -> None:
-        import jax
         import ray
 
         from tianji_jax.algos.registry import algorithm_for
@@ -145,7 +146,6 @@ class _RolloutWorker:
                 run_env_steps: int = 0) -> tuple[Any, ChunkMeta]:
         """One chunk acted with ``params`` (host numpy pytree) stamped ``version``, as host
         arrays; ``run_env_steps``: the run's env steps so far (schedules such as DQN's epsilon)."""
-        import jax
         import ray
 
         if self.incarnation != incarnation:
@@ -202,6 +202,9 @@ class RayContext:
         self._temp_dir: str | None = None
         if ray.is_initialized():
             return
+        # ray.init forks this process; OpenBLAS's fork handler stops its threads under a LAPACK call in
+        # flight (e.g. an orthogonal initialiser's QR), which then never returns: finish every computation
+        jax.block_until_ready(jax.live_arrays())
         if address is None:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             self._temp_dir = tempfile.mkdtemp(prefix="tianji-ray-")
@@ -241,8 +244,6 @@ class ParamPublisher:
 
     def ref(self, params: Any, version: int):
         """The object ref of ``params`` (a pytree of arrays) for policy ``version``."""
-        import jax
-
         ray = require_ray()
         with self._lock:
             if self._version != version or params is not self._source:
@@ -368,8 +369,6 @@ class RayActorClient:
                 self._time(name, time.perf_counter() - getattr(meta, name))
             self._time("h2d_s", time.perf_counter() - max(0.0, wall - meta.rollout_s))
             t0 = time.perf_counter()
-            import jax
-
             traj = jax.block_until_ready(self.to_learner(traj))
             self._time("h2d_s", t0)
             return traj, meta.num_steps
