@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 __all__ = ["ALGOS", "RUNTIMES", "ACTORS", "LAYOUTS", "ENVS", "Cell", "RULES", "FIELD_REASONS", "reason", "table",
-           "markdown", "field_reason", "cell_of", "check", "SCHEDULE_LOG_RULES", "check_schedule_log",
+           "markdown", "field_reason", "cell_of", "check", "UnsupportedCell", "SCHEDULE_LOG_RULES", "check_schedule_log",
            "MULTI_DISCRETE_ALGOS", "MULTI_DISCRETE_REASONS",
            "MULTI_DISCRETE_REFUSED", "check_action_space"]
 
@@ -312,6 +312,19 @@ def cell_of(algo: str, config: Any, env_backend: str) -> Cell:
     return Cell(algo, config.runtime, getattr(config, "actor_backend", "threads"), layout, env)
 
 
+class UnsupportedCell(ValueError):
+    """A config asking for a cell the table does not support (raised by :func:`check`).
+
+    Attributes:
+        cell: the :class:`Cell` asked for.
+        field: the config field the message names.
+    """
+
+    def __init__(self, message: str, cell: Cell, field: str):
+        super().__init__(message)
+        self.cell, self.field = cell, field
+
+
 def check(algo: str, config: Any, env_backend: str) -> None:
     """Refuse a config whose cell is not supported, in one line naming the field and the reason.
 
@@ -321,7 +334,7 @@ def check(algo: str, config: Any, env_backend: str) -> None:
         env_backend: the resolved env's backend (``"gymnax"``, ``"envpool"``, ``"gymnasium"``).
 
     Raises:
-        ValueError: e.g. ``"runtime='anakin': env 'envpool:CartPole-v1' runs on the host
+        UnsupportedCell: a ``ValueError``, e.g. ``"runtime='anakin': env 'envpool:CartPole-v1' runs on the host
             (envpool), which only the async runtime drives; allowed: runtime='async' (Anakin needs
             gymnax)"``.
     """
@@ -330,6 +343,6 @@ def check(algo: str, config: Any, env_backend: str) -> None:
         if rule.when(cell):
             layout_field = _LAYOUT_FIELD.get(cell.layout, "num_learner_devices")
             field = layout_field if rule.field == "layout" else rule.field
-            raise ValueError(rule.message.format(
+            raise UnsupportedCell(rule.message.format(
                 field=field, value=getattr(config, field), env=config.env, backend=env_backend, reason=rule.reason,
-                layout_field=layout_field, layout_value=getattr(config, layout_field, 1)))
+                layout_field=layout_field, layout_value=getattr(config, layout_field, 1)), cell, field)

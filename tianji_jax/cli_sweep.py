@@ -20,6 +20,7 @@ from typing import Annotated
 import tyro
 
 from tianji_jax.algos.registry import get_algorithm
+from tianji_jax.capabilities import UnsupportedCell
 from tianji_jax.cli_argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
 
 __all__ = ["sweep_main"]
@@ -139,7 +140,8 @@ def sweep_main(argv: list[str]) -> int:
         result = sweep(args.config, grid, seeds, progress=True)
     except (ValueError, TypeError, MemoryError) as err:
         msg = str(err)
-        if "which only the async runtime drives" in msg:  # the config's advice does not apply to sweeps
+        if isinstance(err, UnsupportedCell) and err.cell.env != "gymnax" and err.field == "runtime":
+            # the config's advice (runtime='async') does not apply to sweeps
             msg = msg.split("; allowed")[0] + "; sweep trains in the Anakin runtime only: allowed: a device env " \
                   "(gymnax, a JAX suite, brax)"
         print(f"tianji sweep: error: {msg}", file=sys.stderr)
