@@ -3,7 +3,8 @@
 For each row (env) and system, ``--seeds`` runs, each in a fresh process started by this script
 (so interpreter start-up, imports, JIT compilation and env creation are counted alike for every
 system; tianji_jax's persistent compilation cache is switched off there,
-``TIANJI_COMPILATION_CACHE=0``, so that each run compiles as a peer's does), report: wall seconds
+``TIANJI_COMPILATION_CACHE=0``, so that each run compiles as a peer's does; with ``--warm``, each JAX
+system reads a persistent cache of its own, filled by one unmeasured warm-up run), report: wall seconds
 from process start and env steps until ``eval_return_mean`` over 10 deterministic episodes first
 reaches the threshold, and the evaluation return at the end of the budget. Evaluations run every
 ``eval_every`` env steps (rounded to each system's iteration); evaluation time is measured by every
@@ -41,6 +42,7 @@ convergence.png, machine.json}``.
     python experiments/convergence.py --quick     # tianji_jax only, 1 seed, small budgets, CartPole to 200 (tests)
     python experiments/convergence.py --systems "tianji_jax PQN,rejax PQN"   # run only these (outputs: all records)
     python experiments/convergence.py --systems "dist-plain,C51,QR-DQN,SAC" --pendulum-cap-s 150  # the distributional DQN and SAC rows
+    python experiments/convergence.py --envs CartPole-v1 --systems "PPO anakin,rejax PPO,SB3 PPO" --warm --out DIR  # warm caches
 
 (The records of the earlier system ``tianji_jax DQN async``, made before DQN's async runtime had
 schedules, were retired: its runs are redone as ``tianji_jax DQN relaxed``.)
@@ -216,19 +218,40 @@ def ensure_venv(name: str, cache_dir: Path, install_timeout_s: float) -> tuple[P
     return python, "", box2d_error
 
 
-def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, Any], tmp_dir: Path) -> dict[str, Any]:
+def cache_env(system: System, warm_dir: Path | None) -> dict[str, str | None]:
+    """The environment variables of a run's compilation cache (None = remove the variable).
+
+    Cold (``warm_dir`` None): every run compiles, as a peer without a cache does -- tianji_jax's
+    persistent cache (on by default) is switched off and no JAX cache directory is inherited.
+    Warm: every JAX system gets its own persistent cache directory under ``warm_dir`` (tianji_jax
+    through its own variable; a JAX peer through JAX's, with the minimum compile time and entry
+    size at 0 so that small programs are cached too, as tianji_jax's defaults do); a peer without
+    JAX (SB3, RLlib on torch) ignores them."""
+    if warm_dir is None:
+        return {"TIANJI_COMPILATION_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": None}
+    if system.is_tianji:
+        return {"TIANJI_COMPILATION_CACHE": "1", "TIANJI_COMPILATION_CACHE_DIR": str(warm_dir / "tianji_jax"),
+                "JAX_COMPILATION_CACHE_DIR": None}
+    return {"TIANJI_COMPILATION_CACHE": None, "JAX_COMPILATION_CACHE_DIR": str(warm_dir / system.venv),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, Any], tmp_dir: Path,
+            warm_dir: Path | None = None) -> dict[str, Any]:
     """Run one (system, row, seed) in a fresh process; the record written to ``records/``.
 
-    ``status``: ``done`` (budget finished), ``capped`` (killed at ``row.cap_s``; the evaluations
-    so far are kept), ``failed`` (non-zero exit; ``reason`` = the end of its stderr) or
-    ``unsupported`` (``reason`` from the runner)."""
+    ``warm_dir``: None for a cold compilation cache, else the directory of the warm ones
+    (:func:`cache_env`). ``status``: ``done`` (budget finished), ``capped`` (killed at
+    ``row.cap_s``; the evaluations so far are kept), ``failed`` (non-zero exit; ``reason`` = the end
+    of its stderr) or ``unsupported`` (``reason`` from the runner)."""
     spec = {"algo": system.algo, "env": row.name, "seed": seed, "eval_every": row.eval_every, "eval_episodes": 10,
             "mode": system.mode, "threads": 1, "tmp_dir": str(tmp_dir), "hp": system.hp, **extra}
     env = dict(os.environ)
-    # every run compiles, as a peer's does: tianji_jax's persistent compilation cache (on by default since
-    # tianji_jax 0.1's caches.py) would let every run after the first load its executables from disk
-    env["TIANJI_COMPILATION_CACHE"] = "0"
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    for name, value in cache_env(system, warm_dir).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     if system.is_tianji:  # the tianji_jax of this checkout
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     else:  # a peer sees only its own venv
@@ -237,7 +260,8 @@ def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, 
     err_path = tmp_dir / "stderr.txt"
     record: dict[str, Any] = {"env": row.name, "system": system.name, "algo": system.algo, "mode": system.mode,
                               "seed": seed, "threshold": row.threshold, "eval_every": row.eval_every,
-                              "cap_s": row.cap_s, "evals": [], "info": {}, "reason": ""}
+                              "cap_s": row.cap_s, "evals": [], "info": {}, "reason": "",
+                              "compilation_cache": "cold" if warm_dir is None else "warm"}
     lines: queue.Queue[str | None] = queue.Queue()
     with open(err_path, "w") as err:
         spec["t0"] = time.time()
@@ -444,8 +468,17 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              f"Command: `{C.command()}`" + ("" if commands == [C.command()] else "; the runs were made by "
                                              + ", ".join(f"`{c}`" for c in commands)), "", C.SHARED_NOTE, "",
              "Every run is a fresh process; wall seconds count from its start (interpreter, imports, JIT "
-             "compilation and env creation included; tianji_jax's persistent compilation cache is off in these "
-             "processes, `TIANJI_COMPILATION_CACHE=0`, so that every run compiles as a peer's does) to the end of "
+             "compilation and env creation included; " + (
+                 "**warm compilation caches**: each JAX system (tianji_jax, rejax) reads and writes a persistent "
+                 "compilation cache of its own, filled by one unmeasured warm-up run of the first seed before the "
+                 "measured runs, `warmup/`; JAX peers with JAX's `JAX_COMPILATION_CACHE_DIR` and minimum compile "
+                 "time and entry size 0, as tianji_jax's defaults; rejax's runner reports each evaluation from inside "
+                 "its compiled program with `io_callback`, and JAX writes no program with host callbacks to the "
+                 "persistent cache, so rejax compiles in every run (`compile_s` in its records); SB3 has nothing "
+                 "to compile"
+                 if getattr(args, "warm", False) else
+                 "tianji_jax's persistent compilation cache is off in these processes, `TIANJI_COMPILATION_CACHE=0`, "
+                 "so that every run compiles as a peer's does") + ") to the end of "
              "the first evaluation whose mean return over 10 deterministic episodes reaches the threshold, **minus the time spent in evaluations** (each runner "
              "times its own; `wall incl. eval` keeps it). Evaluation every `eval_every` env steps (rounded up to "
              "each system's iteration), so steps and seconds to threshold are resolved to one evaluation interval. "
@@ -889,6 +922,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="write the outputs from the run records already in --out; run and install nothing")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "convergence")
+    parser.add_argument("--warm", action="store_true",
+                        help="warm compilation caches: each JAX system writes and reads a persistent cache of its "
+                             "own in a fresh directory of this invocation, filled by one unmeasured warm-up run "
+                             "(the first seed) per system and row before the measured runs (default: cold, every "
+                             "run compiles)")
     parser.add_argument("--profile", action="store_true",
                         help="after the runs, one profiled run (the first seed, stopped at the threshold) of each "
                              "selected tianji_jax system per row, written to OUT/profile/: where its time to the "
@@ -940,7 +978,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peer {name}: {python or 'SKIPPED: ' + err[:300]}{' (' + box_err[:200] + ')' if box_err else ''}",
               flush=True)
 
+    warm_dir = tmp_root / "xla" if args.warm else None
     for row in rows:
+        if warm_dir is not None and not args.report_only:
+            warm_up(args, row, systems, seeds, runs_dir, pythons, extra, tmp_root, warm_dir)
         for seed in seeds:
             for s in systems:
                 if quick_skip(args, row, s) or not s.runs_on(row):
@@ -960,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(tmp, ignore_errors=True)
                     tmp.mkdir(parents=True)
                     load = C.loadavg()
-                    record = run_one(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp)
+                    record = run_one(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp, warm_dir)
                     record["loadavg_start"] = load
                     shutil.rmtree(tmp, ignore_errors=True)
                 record["command"] = C.command()
@@ -993,6 +1034,27 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(tmp_root, ignore_errors=True)
     write_outputs(args, rows, reported, runs_dir, peer_errors, load_start, time.perf_counter() - t_start)
     return 0
+
+
+def warm_up(args, row: Row, systems, seeds, runs_dir: Path, pythons, extra, tmp_root: Path, warm_dir: Path) -> None:
+    """``--warm``: one unmeasured run (the first seed) of every system of ``row`` that still has a
+    measured run to make, filling its persistent compilation cache in ``warm_dir``; each warm-up's
+    record goes to ``OUT/warmup/`` (for its compile seconds), never into the results."""
+    (args.out / "warmup").mkdir(exist_ok=True)
+    for s in systems:
+        missing = [k for k in seeds if not (runs_dir / (run_key(row.name, s.name, k) + ".json")).exists()]
+        if quick_skip(args, row, s) or not s.runs_on(row) or not missing or (s.venv and pythons[s.venv] is None):
+            continue
+        tmp = tmp_root / "run"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        record = run_one(s, row, seeds[0], pythons[s.venv], extra.get(s.algo, {}), tmp, warm_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        record["command"] = C.command()
+        (args.out / "warmup" / (run_key(row.name, s.name, seeds[0]) + ".json")).write_text(
+            json.dumps(record, indent=1, default=str) + "\n")
+        print(f"{row.name} {s.name:24s} warm-up run: {record['status']} in {record.get('process_wall_s', 0):.0f} s",
+              flush=True)
 
 
 QUICK = ("tianji_jax PPO anakin", "tianji_jax PPO relaxed", "tianji_jax DQN anakin", "tianji_jax DQN sync")
@@ -1028,7 +1090,7 @@ def write_outputs(args, rows, systems, runs_dir: Path, peer_errors, load_start, 
         versions.setdefault(r["system"].split()[0], r.get("info", {}).get("versions"))
     C.write_machine(args.out, {"loadavg_start": load_start, "wall_s": wall_s, "peer_versions": versions,
                                "peer_install_errors": peer_errors, "cache_dir": str(args.cache_dir),
-                               "systems_run": args.systems or "all",
+                               "systems_run": args.systems or "all", "compilation_cache": "warm" if args.warm else "cold",
                                "sizes": {"seeds": args.seeds, "rows": [r.__dict__ for r in rows],
                                          "systems": [s.name for s in systems]}})
     plot(rows, records, results, args.out / "convergence.png")

@@ -313,3 +313,32 @@ def test_ppo_brax_quick(tmp_path):
     assert list(pd.read_csv(tmp_path / "curves.csv")["env_steps"]) == [163840, 327680]
     assert (tmp_path / "records" / "tianji_jax_PPO_anakin__seed0.json").exists()
     assert (tmp_path / "returns.png").stat().st_size > 0
+
+
+def test_convergence_warm_caches(tmp_path):
+    """--warm: one unmeasured warm-up run fills the system's own persistent cache; the measured run
+    then loads its programs (XLA compile-or-load seconds a fraction of the warm-up's); cold runs
+    switch tianji_jax's cache off and inherit no JAX cache directory."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import convergence
+
+    tianji = next(s for s in convergence.TIANJI if s.name == "tianji_jax PPO anakin")
+    rejax = next(s for s in convergence.PEERS if s.name == "rejax PPO")
+    assert convergence.cache_env(tianji, None) == {"TIANJI_COMPILATION_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": None}
+    warm_t, warm_r = convergence.cache_env(tianji, tmp_path / "x"), convergence.cache_env(rejax, tmp_path / "x")
+    assert warm_t["TIANJI_COMPILATION_CACHE_DIR"] != warm_r["JAX_COMPILATION_CACHE_DIR"]
+    assert warm_r["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "convergence.py"), "--quick", "--warm",
+                           "--envs", "CartPole-v1", "--systems", "=tianji_jax PPO anakin", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name = "CartPole-v1__tianji_jax_PPO_anakin__seed0.json"
+    warm_up, measured = (json.loads((out / d / name).read_text()) for d in ("warmup", "records"))
+    assert warm_up["status"] == measured["status"] == "done"
+    assert measured["compilation_cache"] == "warm"
+    assert measured["done"]["backend_compile_s"] < warm_up["done"]["backend_compile_s"] / 3
+    assert "**warm compilation caches**" in (out / "summary.md").read_text()

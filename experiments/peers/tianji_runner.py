@@ -43,7 +43,9 @@ rescaled so that it ends at the same 18,750 env steps); ``"c51"``: ``distributio
 on [0, 100]; ``"qr"``: ``distributional="qr"``, 51 quantiles; ``"dist-plain"``: the same settings with
 plain (expected-value) DQN. ``CONV_INFO`` reports ``updates_per_env_step`` (gradient updates per env
 step once learning has started) and ``startup_s`` (process start to the end of the config, just before
-``train()``; also in ``CONV_DONE``, measured there just before ``train()``).
+``train()``; also in ``CONV_DONE``, measured there just before ``train()``). ``CONV_DONE``'s
+``backend_compile_s``: the seconds JAX spent in XLA backend compilation in the process (loads from a
+warm persistent cache count as such, so it is small then).
 Spec ``hp`` ``"brax"`` (``experiments/ppo_brax.py``, env ``inverted_pendulum``: brax's id
 ``brax:inverted_pendulum|backend=positional``): brax's published inverted_pendulum PPO settings in
 ``PPOConfig``'s fields (``BRAX_PPO`` below), Anakin or async ``sync``. Spec ``stop_at_return`` (any row):
@@ -68,6 +70,10 @@ import jax  # noqa: E402
 
 if spec["mode"] != "anakin":  # async: actor on cpu:0, learner on cpu:1 (docs/runtime.md, "Placement")
     jax.config.update("jax_num_cpu_devices", 2)
+_COMPILE_S = [0.0]  # XLA backend compile-or-load seconds of this process (CONV_DONE's backend_compile_s)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **_: _COMPILE_S.__setitem__(0, _COMPILE_S[0] + secs)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
 
 import tianji_jax as tj  # noqa: E402
 from tianji_jax import host_on_policy, host_replay  # noqa: E402
@@ -270,4 +276,5 @@ if spec.get("timers") and not spec.get("profile"):
               for k in ("env_steps", "wall_time_s", "rollout_s", "inference_s", "env_step_s", "h2d_s", "update_s",
                         "actor_wait_frac", "learner_wait_frac")}
 P.send("CONV_DONE", {"budget_env_steps": config.env_steps, "evals": log.count,
-                     "tail_compile_s": None, "startup_s": startup_s, "timers": timers})
+                     "tail_compile_s": None, "startup_s": startup_s, "timers": timers,
+                     "backend_compile_s": _COMPILE_S[0]})
