@@ -297,7 +297,7 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] |
         rows.append(chunk_rows)
         if progress:
             best = float(np.nanmax(evals.mean(axis=1))) if evals is not None else math.nan  # the best member's mean
-            print(f"tianji_jax.sweep: {done * unit} env steps per member, {m_count} members "
+            print(f"tianji_jax.sweep: {done * unit} env steps per member, {m_count} member{'s' * (m_count != 1)} "
                   f"({int(stopped.sum())} stopped), best eval {best:.2f}", file=sys.stderr, flush=True)
     columns = sorted({c for chunk_rows in rows for r in chunk_rows if r for c in r})
     curves = {c: np.asarray([[(r or {}).get(c, math.nan) for r in chunk_rows] for chunk_rows in rows],
