@@ -168,3 +168,37 @@ def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_row():
                                   eval_episodes=0), progress=False,
                      callback=lambda row: (rows.append(row), latch.check(row)))
     assert len(rows) == 1 and signal.getsignal(signal.SIGINT) is previous
+
+
+def test_ctrl_c_inside_a_gc_callback_is_latched_without_an_ignored_traceback():
+    """A SIGINT landing in a garbage-collection callback (as in JAX's ``_xla_gc_callback``) does not
+    raise there -- Python would print it as "Exception ignored" with a traceback through the handler
+    and drop it -- but sets the latch, whose check raises; elsewhere the handler raises at once."""
+    import gc
+    import sys
+
+    from tianji_jax.run_status import SigintLatch
+
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    fired = []
+
+    def callback(phase, info):
+        if phase == "start" and not fired:
+            fired.append(phase)
+            signal.raise_signal(signal.SIGINT)
+
+    try:
+        with SigintLatch() as latch:
+            gc.callbacks.append(callback)
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(callback)
+            assert fired and latch.hit.is_set() and not unraisable, [u.exc_value for u in unraisable]
+            with pytest.raises(KeyboardInterrupt):
+                latch.check()
+            with pytest.raises(KeyboardInterrupt):  # outside a callback: at once
+                signal.raise_signal(signal.SIGINT)
+    finally:
+        sys.unraisablehook = hook

@@ -179,10 +179,12 @@ def report_end(run: Callable[..., Any]) -> Callable[..., Any]:
 
 class SigintLatch:
     """Ctrl-C that cannot be lost: Python raises ``KeyboardInterrupt`` wherever the main thread is,
-    and when that is a garbage-collection callback (JAX registers one) the exception is printed as
-    "ignored" and training goes on. Inside the ``with`` block SIGINT also sets a flag, and
-    :meth:`check` (the run's per-row callback) raises ``KeyboardInterrupt`` when it is set; so the
-    run stops at the next metrics row at the latest. The previous handler is restored on exit."""
+    and when that is a garbage-collection callback (JAX registers one) or a finaliser the exception
+    is printed as "ignored", with a traceback, and training goes on. Inside the ``with`` block
+    SIGINT sets a flag, and raises ``KeyboardInterrupt`` at once unless the signal landed in such
+    a callback (:func:`_in_unraisable_context`); :meth:`check` (the run's per-row callback) raises it
+    when the flag is set, so the run stops at the next metrics row at the latest. The previous
+    handler is restored on exit."""
 
     def __enter__(self) -> "SigintLatch":
         import signal
@@ -191,9 +193,10 @@ class SigintLatch:
         self.hit = threading.Event()
         self._previous = None
         if threading.current_thread() is threading.main_thread():
-            def handler(signum: int, frame: object) -> None:
+            def handler(signum: int, frame: Any) -> None:
                 self.hit.set()
-                raise KeyboardInterrupt
+                if not _in_unraisable_context(frame):  # there it would be printed and lost: check() raises it
+                    raise KeyboardInterrupt
 
             self._previous = signal.signal(signal.SIGINT, handler)
         return self
@@ -208,6 +211,20 @@ class SigintLatch:
             import signal
 
             signal.signal(signal.SIGINT, self._previous)
+
+
+def _in_unraisable_context(frame: Any) -> bool:
+    """Whether ``frame`` (a signal handler's frame argument) runs inside a garbage-collection
+    callback (``gc.callbacks``) or a ``__del__`` finaliser, where Python prints an exception as
+    "ignored" instead of raising it."""
+    import gc
+
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks} - {None}
+    while frame is not None:
+        if frame.f_code in codes or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def final_returns(last: dict[str, float]) -> str:
