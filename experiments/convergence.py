@@ -307,6 +307,20 @@ def run_one(system: System, row: Row, seed: int, python: Path, extra: dict[str, 
     return record
 
 
+def run_fresh(system: System, row: Row, seed: int, python: Path, extra: dict[str, Any], tmp_root: Path,
+              warm_dir: Path | None = None) -> dict[str, Any]:
+    """:func:`run_one` in a fresh scratch directory ``tmp_root/run`` (removed afterwards), with the
+    1-min load average at its start as the record's ``loadavg_start``."""
+    tmp = tmp_root / "run"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    load = C.loadavg()
+    record = run_one(system, row, seed, python, extra, tmp, warm_dir)
+    record["loadavg_start"] = load
+    shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
 def kill_leftovers(tmp_dir: Path) -> list[int]:
     """SIGKILL processes whose command line names this run's private ``tmp_dir`` (Ray's GCS, raylet
     and workers start in sessions of their own, so killing the runner's group may miss them).
@@ -997,13 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif s.venv and row.name == "LunarLander" and s.venv in box2d_errors:
                     record = {**base, "status": "skipped", "reason": box2d_errors[s.venv]}
                 else:
-                    tmp = tmp_root / "run"
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    tmp.mkdir(parents=True)
-                    load = C.loadavg()
-                    record = run_one(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp, warm_dir)
-                    record["loadavg_start"] = load
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    record = run_fresh(s, row, seed, pythons[s.venv], extra.get(s.algo, {}), tmp_root, warm_dir)
                 record["command"] = C.command()
                 path.write_text(json.dumps(record, indent=1, default=str) + "\n")
                 r = summarize_run(record)
@@ -1019,16 +1027,11 @@ def main(argv: list[str] | None = None) -> int:
                 path = args.out / "profile" / (run_key(row.name, s.name, seeds[0]) + ".json")
                 if not s.is_tianji or not s.runs_on(row) or quick_skip(args, row, s) or path.exists():
                     continue
-                tmp = tmp_root / "run"
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                load = C.loadavg()
-                record = run_one(s, row, seeds[0], pythons[None], {**extra.get(s.algo, {}), "profile": True,
-                                                                   "threshold": row.threshold}, tmp)
-                shutil.rmtree(tmp, ignore_errors=True)
+                record = run_fresh(s, row, seeds[0], pythons[None], {**extra.get(s.algo, {}), "profile": True,
+                                                                     "threshold": row.threshold}, tmp_root)
                 if record["status"] == "unsupported":
                     continue
-                record.update(loadavg_start=load, command=C.command())
+                record["command"] = C.command()
                 path.write_text(json.dumps(record, indent=1, default=str) + "\n")
                 print(f"{row.name} {s.name:24s} profiled: {record['status']}", flush=True)
     shutil.rmtree(tmp_root, ignore_errors=True)
@@ -1045,11 +1048,7 @@ def warm_up(args, row: Row, systems, seeds, runs_dir: Path, pythons, extra, tmp_
         missing = [k for k in seeds if not (runs_dir / (run_key(row.name, s.name, k) + ".json")).exists()]
         if quick_skip(args, row, s) or not s.runs_on(row) or not missing or (s.venv and pythons[s.venv] is None):
             continue
-        tmp = tmp_root / "run"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        record = run_one(s, row, seeds[0], pythons[s.venv], extra.get(s.algo, {}), tmp, warm_dir)
-        shutil.rmtree(tmp, ignore_errors=True)
+        record = run_fresh(s, row, seeds[0], pythons[s.venv], extra.get(s.algo, {}), tmp_root, warm_dir)
         record["command"] = C.command()
         (args.out / "warmup" / (run_key(row.name, s.name, seeds[0]) + ".json")).write_text(
             json.dumps(record, indent=1, default=str) + "\n")

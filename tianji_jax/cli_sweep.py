@@ -151,6 +151,6 @@ def sweep_main(argv: list[str]) -> int:
     result.to_csv(out)
     for row in result.table():
         print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    print(f"tianji sweep: {len(result.members)} member{'s' * (len(result.members) != 1)} in {result.wall_s:.1f} s; table written to {out}",
-          file=sys.stderr)
+    n = len(result.members)
+    print(f"tianji sweep: {n} member{'s' * (n != 1)} in {result.wall_s:.1f} s; table written to {out}", file=sys.stderr)
     return 0
