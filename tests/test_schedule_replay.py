@@ -192,18 +192,24 @@ def _other_schedule(path, like, out):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("env", ["gymnax:CartPole-v1", "envpool:CartPole-v1"])
 def test_a_recorded_ppo_run_replays_bit_for_bit(tmp_path, env):
-    """Budget: about 60 s (four short runs of 8 updates; the first compiles)."""
+    """Budget: about 60 s (four short runs of 8 updates; the first compiles). The gymnax run is
+    recorded under 'auto', the envpool one under 'relaxed'; each is replayed once under 'relaxed'
+    and once under 'auto' (a replay runs no knob, so the two schedules replay each other's records)."""
     import tianji_jax as tj
 
-    base = dict(env=env, runtime="async", schedule="relaxed", num_actors=2, num_envs=4, num_steps=32,
+    recorded_under = "auto" if env.startswith("gymnax") else "relaxed"
+    base = dict(env=env, runtime="async", num_actors=2, num_envs=4, num_steps=32,
                 total_env_steps=4 * 32 * 8, eval_every_env_steps=4 * 32 * 4, eval_episodes=0, seed=3)
-    recorded = tj.train(tj.PPOConfig(record_schedule=True, **base), run_dir=tmp_path / "rec", progress=False)
+    recorded = tj.train(tj.PPOConfig(record_schedule=True, schedule=recorded_under, **base), run_dir=tmp_path / "rec",
+                        progress=False)
+    base["schedule"] = "relaxed"
     path = tmp_path / "rec" / "schedule.jsonl"
     schedule = load_schedule(path)
     assert len(schedule.consumed) == 8 and {a for a, _, _ in schedule.consumed} == {0, 1}
+    assert schedule.config["schedule"] == recorded_under
     config = tj.PPOConfig(replay_schedule=str(path), **base)
     first = tj.train(config, run_dir=tmp_path / "rep1", progress=False)
-    second = tj.train(config, run_dir=tmp_path / "rep2", progress=False)
+    second = tj.train(config.replace(schedule="auto"), run_dir=tmp_path / "rep2", progress=False)
     assert _same(first, recorded) and _same(second, recorded)
     other = _other_schedule(path, schedule, tmp_path / "other.jsonl")
     third = tj.train(tj.PPOConfig(replay_schedule=str(other), **base), run_dir=tmp_path / "rep3", progress=False)

@@ -177,6 +177,13 @@ _REPLAY_FREE_FIELDS = frozenset({"stop_at_return", "stall_timeout_s", "max_nonfi
 """Fields a replay may set otherwise than its recording (they do not change what is computed)."""
 
 
+def _replayed_value(field: str, value: Any) -> Any:
+    """What a config value computes under a replay: ``schedule='auto'`` is ``relaxed`` with a
+    controller of its admission knobs, and a replay runs no knob (the recorded interleaving is the
+    schedule), so the two replay each other's recordings; every other value stands for itself."""
+    return "relaxed" if field == "schedule" and value == "auto" else value
+
+
 def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
     """A replay must compute what its recording computed: the same config (but
     :data:`_REPLAY_FREE_FIELDS`), a lag bound the schedule keeps, and no updates past the
@@ -187,11 +194,12 @@ def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
         mine = json.loads(json.dumps(config.to_dict(), default=str))  # as the header holds it
         diffs = [f"{k}: recorded {schedule.config.get(k, '<absent>')!r}, given {mine.get(k, '<absent>')!r}"
                  for k in sorted(set(mine) | set(schedule.config))
-                 if k not in _REPLAY_FREE_FIELDS and schedule.config.get(k, "<absent>") != mine.get(k, "<absent>")]
+                 if k not in _REPLAY_FREE_FIELDS
+                 and _replayed_value(k, schedule.config.get(k, "<absent>")) != _replayed_value(k, mine.get(k, "<absent>"))]
         if diffs:
             raise ValueError(f"replay_schedule={replay!r} was recorded with another config: " + "; ".join(diffs)
                              + " (replay it with the recorded config, in the file's header; fields that may "
-                             f"differ: {sorted(_REPLAY_FREE_FIELDS)})")
+                             f"differ: {sorted(_REPLAY_FREE_FIELDS)}, and schedule between 'auto' and 'relaxed')")
     if schedule.max_lag > config.policy_lag_bound:
         raise ValueError(f"replay_schedule={replay!r} consumes rollouts of lag {schedule.max_lag}, above this config's "
                          f"max_policy_lag={config.policy_lag_bound}; allowed: max_policy_lag >= {schedule.max_lag}")
