@@ -154,7 +154,6 @@ def test_flags_reach_config(tmp_path, capsys, no_training):
     assert call["progress"] is False
     out = capsys.readouterr().out
     assert config.describe() in out
-    assert "done: 2048 env steps" in out
 
 
 def test_whole_float_values_of_int_flags_are_accepted(capsys, no_training):
@@ -187,7 +186,9 @@ def test_end_to_end_run_directory(tmp_path):
            "--progress", "False"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 4096 env steps" in proc.stdout
+    # one end line, the library's (stderr), none of the CLI's own
+    ends = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if "done: " in ln]
+    assert len(ends) == 1 and ends[0].startswith("tianji_jax.train: done: 4096 env steps"), proc.stderr[-2000:]
     assert f"run directory: {run_dir}" in proc.stdout
 
     config = json.loads((run_dir / "config.json").read_text())
@@ -345,13 +346,19 @@ def test_a_multi_host_resume_with_another_process_count_is_one_line(tmp_path, ca
     assert no_training == []
 
 
-def test_done_line_returns_say_what_is_missing_instead_of_nan():
-    """The CLI's ``done:`` line: the library's two-decimal rounding, words where a column is empty."""
-    from tianji_jax.run_status import final_returns
+def test_the_summary_line_says_what_is_missing_instead_of_nan():
+    """The run's one end line without evaluation: the last training return, or words where no
+    training episode ended (never ``nan``)."""
+    from types import SimpleNamespace
+
+    from tianji_jax.run_status import summary_line
 
     nan = float("nan")
-    assert final_returns({"episode_return_mean": 44.236, "eval_return_mean": 500.0}) == \
-        "episode_return_mean 44.24, eval_return_mean 500.00"
-    assert final_returns({"episode_return_mean": 0.15, "eval_return_mean": nan}) == \
-        "episode_return_mean 0.15, no evaluation"
-    assert final_returns({"episode_return_mean": nan}) == "no training episode ended, no evaluation"
+
+    def line(train):
+        curve = {"env_steps": [512], "wall_time_s": [2.0], "episode_return_mean": [train], "eval_return_mean": [nan]}
+        return summary_line(SimpleNamespace(curve=curve, run_dir=None, stopped_early=False))
+
+    assert "no evaluation; training episode return 44.24; no run dir" in line(44.236)
+    assert "no evaluation; no training episode ended; no run dir" in line(nan)
+    assert "nan" not in line(nan)

@@ -92,7 +92,7 @@ def test_cli_trains_resumes_and_evaluates_a_user_torso(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     again = subprocess.run([*cli, "train", "--resume", str(run)], env=env, capture_output=True, text=True,
                            timeout=300)  # a fresh process rebuilds the torso from config.json's import path
-    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-2000:]
+    assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr[-2000:]
     ev = subprocess.run([*cli, "eval", str(run), "--episodes", "2"], env=env, capture_output=True, text=True,
                         timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]

@@ -358,8 +358,7 @@ def test_cli_algo_dqn_tiny_run(tmp_path, capsys):
     for k, v in small(total_env_steps=8 * 10).to_dict().items():
         argv += [f"--{k.replace('_', '-')}", *(map(str, v) if isinstance(v, list) else [str(v)])]
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "done: 80 env steps" in out
+    assert "tianji_jax.train: done: 80 env steps" in capsys.readouterr().err
     assert json.loads((run_dir / "config.json").read_text())["algo"] == "dqn"
     assert len(_read_csv(run_dir / "metrics.csv")) == 1
 

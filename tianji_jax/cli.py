@@ -243,6 +243,16 @@ def _train(argv: list[str]) -> int:
         extras["wandb"] = True
     if args.profile:
         extras["profile"] = True
+    if args.resume is not None:  # a changed computation is refused before the run is described
+        from tianji_jax.checkpoint import ConfigMismatchError, check_compatible
+        from tianji_jax.config import load_config
+
+        algo = algorithm_for(config).name
+        try:
+            check_compatible({**load_config(args.resume).to_dict(), "algo": algo}, {**config.to_dict(), "algo": algo})
+        except ConfigMismatchError as err:
+            print(f"tianji train: error: {err}", file=sys.stderr)
+            return 2
     print(config.describe(), flush=True)
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     started = time.time()
@@ -267,20 +277,8 @@ def _train(argv: list[str]) -> int:
             message = message.replace("tianji train: interrupted; ", f"tianji train: stopped: {err}; ", 1)
         print(message, file=sys.stderr)
         return 130 if isinstance(err, KeyboardInterrupt) else _EXIT_PEER_STOPPED
-    curve = result.curve
-    last = {k: float(v[-1]) for k, v in curve.items() if len(v)}
-    if getattr(result, "already_finished", False):
-        print(f"nothing to do: the run in {result.run_dir or run_dir} had already finished at "
-              f"{int(last.get('env_steps', 0))} env steps"
-              + (" (stopped at --stop-at-return)" if result.stopped_early else "") + "; its last row: eval_return_mean "
-              f"{last.get('eval_return_mean', float('nan')):.1f}", flush=True)
-        return 0
-    from tianji_jax.run_status import average_rate, eval_cost, final_returns
-
-    print(f"done: {int(last.get('env_steps', 0))} env steps in {last.get('wall_time_s', 0):.1f} s"
-          f"{average_rate(curve)}; {final_returns(last)}"
-          + (" (stopped at --stop-at-return)" if result.stopped_early else "") + eval_cost(curve), flush=True)
-    if args.profile:
+    # train() printed the run's one summary line ("tianji_jax.train: done: ..." or "... nothing to do ...")
+    if args.profile and not getattr(result, "already_finished", False):
         print(f"profile: {Path(run_dir) / 'profile'} (timers.json: seconds per phase; plugins/profile/: the "
               "jax.profiler trace for TensorBoard/XProf or Perfetto)", flush=True)
     return 0

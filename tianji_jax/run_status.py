@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["metrics_rows", "checkpoint_entries", "complete_checkpoints", "check_new_run_dir", "interrupt_message",
-           "summary_line", "eval_cost", "average_rate", "final_returns", "report_end", "SigintLatch"]
+           "summary_line", "eval_cost", "average_rate", "report_end", "SigintLatch"]
 
 
 def metrics_rows(run_dir: str | Path) -> int:
@@ -127,7 +127,9 @@ def summary_line(result: Any) -> str:
     if evals:
         returns = f"eval return final {evals[-1]:.2f}, best {max(evals):.2f}"
     else:
-        returns = f"no evaluation; training episode return {float(curve['episode_return_mean'][-1]):.2f}"
+        train = float(curve["episode_return_mean"][-1]) if len(curve.get("episode_return_mean", [])) else math.nan
+        returns = ("no evaluation; " + (f"training episode return {train:.2f}" if math.isfinite(train)
+                                        else "no training episode ended"))
     returns += eval_cost(curve)
     where = f"run dir {result.run_dir}" if result.run_dir is not None else "no run dir"
     if getattr(result, "already_finished", False):
@@ -165,13 +167,12 @@ def eval_cost(curve: dict) -> str:
 
 def report_end(run: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` (a ``train`` implementation returning a ``TrainResult``) that afterwards prints
-    :func:`summary_line` to stderr when stderr is not a terminal (a log file, a notebook, a pipe),
-    where no progress bar stays on screen to tell how the run ended."""
+    :func:`summary_line` to stderr: the one line that tells how a run ended, in a terminal, a log
+    file, a notebook or a pipe alike (``tianji train`` prints no other)."""
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         result = run(*args, **kwargs)
-        if not sys.stderr.isatty():
-            print(summary_line(result), file=sys.stderr, flush=True)
+        print(summary_line(result), file=sys.stderr, flush=True)
         return result
 
     return wrapped
@@ -225,12 +226,3 @@ def _in_unraisable_context(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def final_returns(last: dict[str, float]) -> str:
-    """The returns part of the CLI's ``done:`` line from a run's last metrics row:
-    ``"episode_return_mean 44.24, eval_return_mean 500.00"`` (the library's rounding), with words
-    instead of ``nan`` where a column has no value (``no training episode ended``, ``no evaluation``)."""
-    words = {"episode_return_mean": "no training episode ended", "eval_return_mean": "no evaluation"}
-    values = {k: last.get(k, math.nan) for k in words}
-    return ", ".join(words[k] if math.isnan(v) else f"{k} {v:.2f}" for k, v in values.items())
