@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
+from tianji_jax.config import UntrustedCodeError
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -62,7 +63,10 @@ def test_a_callable_is_accepted_and_stored_as_its_import_path(tmp_path):
     config = tj.PPOConfig(**{**SMALL_PPO, "env": "gymnax:CartPole-v1"}, torso=custom_torsos.wide)
     result = tj.train(config, run_dir=tmp_path / "run", progress=False)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["torso"] == "custom_torsos:wide"
-    loaded = tj.load(tmp_path / "run")
+    with pytest.raises(UntrustedCodeError, match=r"^torso='custom_torsos:wide' names code .*trust_code=True") as info:
+        tj.load(tmp_path / "run")  # a run that names code loads only with the caller's consent
+    assert "\n" not in str(info.value)
+    loaded = tj.load(tmp_path / "run", trust_code=True)
     assert loaded.config.torso == "custom_torsos:wide"
     for x, y in zip(jax.tree.leaves(loaded.state.params), jax.tree.leaves(result.state.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -90,11 +94,20 @@ def test_cli_trains_resumes_and_evaluates_a_user_torso(tmp_path):
     first = subprocess.run([*cli, "train", *base, "--total-env-steps", "256", "--run-dir", str(run)], env=env,
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run([*cli, "train", "--resume", str(run)], env=env, capture_output=True, text=True,
-                           timeout=300)  # a fresh process rebuilds the torso from config.json's import path
+    # a run that names code: refused in one line naming the flag, and the module is never imported
+    probe = ("import sys, tianji_jax.cli as c; code = c.main(sys.argv[1:]); "
+             "print('imported' if 'custom_torsos' in sys.modules else 'not imported'); sys.exit(code)")
+    for argv in (["train", "--resume", str(run)], ["eval", str(run)]):
+        refused = subprocess.run([sys.executable, "-c", probe, *argv], env=env, capture_output=True, text=True,
+                                 timeout=300)
+        assert refused.returncode == 2 and refused.stdout.strip() == "not imported", (refused.stdout, refused.stderr)
+        assert refused.stderr.count("\n") == 1 and "--trust-code" in refused.stderr, refused.stderr
+        assert "torso='custom_torsos:two_conv' names code" in refused.stderr, refused.stderr
+    again = subprocess.run([*cli, "train", "--resume", str(run), "--trust-code", "True"], env=env,
+                           capture_output=True, text=True, timeout=300)  # a fresh process rebuilds the torso
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr[-2000:]
-    ev = subprocess.run([*cli, "eval", str(run), "--episodes", "2"], env=env, capture_output=True, text=True,
-                        timeout=300)
+    ev = subprocess.run([*cli, "eval", str(run), "--episodes", "2", "--trust-code"], env=env,
+                        capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert json.loads((run / "config.json").read_text())["torso"] == "custom_torsos:two_conv"
 

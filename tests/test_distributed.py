@@ -662,3 +662,51 @@ def test_global_replay_block_equals_the_single_process_data_parallel_block(tmp_p
     ref, _, _ = single._learn(single.learner_state, single.replay_state, jnp.asarray(1234, jnp.int32))
     for i, leaf in enumerate(jax.tree.leaves(ref.params)):
         np.testing.assert_allclose(out[0][f"param_{i}"], np.asarray(leaf), rtol=2e-5, atol=2e-6)
+
+
+_LISTEN_WORKER = textwrap.dedent('''
+    import json, sys
+    import numpy as np, psutil
+    pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    from tianji_jax.runtime import distributed as dist
+    dist.initialize(f"{sys.argv[4]}:{port}", 2, pid, heartbeat_timeout_s=30)
+    from jax.experimental import multihost_utils
+    got = multihost_utils.process_allgather(np.array([pid]))  # a collective: gloo's sockets are open
+    listening = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    json.dump({"gathered": np.asarray(got).ravel().tolist(), "listening": listening}, open(out, "w"))
+    multihost_utils.sync_global_devices("done")
+''')
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_job_on_one_machine_listens_on_the_loopback_interface_only(tmp_path, host):
+    """Budget: about 10 s (two processes that join, gather once and exit). jax's coordination
+    service would listen on every interface (``[::]:PORT``) and gloo on the hostname's address."""
+    import ipaddress
+    import json
+
+    script = tmp_path / "worker.py"
+    script.write_text(_LISTEN_WORKER)
+    port = _free_port()
+    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}.json"), host], tmp_path) for i in range(2)]
+    try:
+        rcs = [p.wait(120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    out = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
+    assert all(o["gathered"] == [0, 1] for o in out), out
+    assert len(out[0]["listening"]) >= 2, out  # the coordination service and process 0's gloo port
+    for o in out:
+        for ip in o["listening"]:
+            addr = ipaddress.ip_address(ip)
+            assert (getattr(addr, "ipv4_mapped", None) or addr).is_loopback, (ip, out)
+
+
+def test_loopback_coordinators_are_recognised():
+    from tianji_jax.config_checks import loopback_ip
+
+    assert [loopback_ip(h) for h in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]")] == \
+        ["127.0.0.1", "127.1.2.3", "127.0.0.1", "::1", "::1"]
+    assert [loopback_ip(h) for h in ("10.0.0.1", "0.0.0.0", "node-3", "::")] == [None] * 4

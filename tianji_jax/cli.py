@@ -58,6 +58,9 @@ class _RunArgs:
     profile: bool = False
     """Write a jax.profiler trace and timers.json (seconds per phase: compiled chunks, evaluation,
     checkpoints, logging, compilation, async actor/learner phases) to RUN_DIR/profile/; needs --run-dir."""
+    trust_code: bool = False
+    """With --resume: allow importing the code the run's config.json names (a user torso
+    'package.module:factory'); a run that names code is refused without it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,7 +185,8 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
         if resume_dir is not None and resume_dir != "None":  # the run's config is the default of every option
             from tianji_jax.config import load_config
 
-            stored = load_config(resume_dir)
+            trusted = (flag_value(argv, "--trust-code", None) or flag_value(argv, "--trust_code", "False")) == "True"
+            stored = load_config(resume_dir, trust_code=trusted)
             algo = algorithm_for(stored).name
             if flag_value(argv, "--algo", algo) != algo:
                 raise ValueError(f"--algo {algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
@@ -199,8 +203,13 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
             check_foreign_flags(argv, algo_of(argv), args_type)  # another algorithm's option: one line, with why
         check_choices(argv, args_type)  # a bad choice (Literal or bool flag): one line, not tyro's box
         check_ints(argv, args_type)  # a non-integer value of an int option: one line
-        return tyro.cli(args_type, args=argv, prog="tianji train", default=default,
+        args = tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
+        if default is not None:  # a resume: a changed computation is refused before the run is described
+            from tianji_jax.checkpoint import check_compatible
+
+            check_compatible({**stored.to_dict(), "algo": algo}, {**args.config.to_dict(), "algo": algo})
+        return args
     except (ValueError, TypeError, MemoryError, FileNotFoundError) as err:  # one clear line, no traceback
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
@@ -243,16 +252,6 @@ def _train(argv: list[str]) -> int:
         extras["wandb"] = True
     if args.profile:
         extras["profile"] = True
-    if args.resume is not None:  # a changed computation is refused before the run is described
-        from tianji_jax.checkpoint import ConfigMismatchError, check_compatible
-        from tianji_jax.config import load_config
-
-        algo = algorithm_for(config).name
-        try:
-            check_compatible({**load_config(args.resume).to_dict(), "algo": algo}, {**config.to_dict(), "algo": algo})
-        except ConfigMismatchError as err:
-            print(f"tianji train: error: {err}", file=sys.stderr)
-            return 2
     print(config.describe(), flush=True)
     print(f"{'resuming' if args.resume is not None else 'run directory'}: {run_dir}", flush=True)
     started = time.time()
@@ -298,6 +297,9 @@ class EvalArgs:
     """Seed of the evaluation envs, in [0, 2**32)."""
     step: int | None = None
     """Env steps of the checkpoint to evaluate (a directory name under RUN_DIR/checkpoints); default: the latest."""
+    trust_code: bool = False
+    """Allow importing the code the run's config.json names (a user torso 'package.module:factory');
+    a run that names code is refused without it."""
     json: bool = False
     """Print one JSON object instead of the sentence."""
 
@@ -335,7 +337,7 @@ def _eval(argv: list[str]) -> int:
             raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
         if not 0 <= args.seed < 2**32:
             raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}")
-        run = load(args.run_dir, step=args.step)
+        run = load(args.run_dir, step=args.step, trust_code=args.trust_code)
         result = evaluate(run.config, run.state, num_episodes=args.episodes, seed=args.seed)
     except (CheckpointError, ValueError, TypeError) as err:
         print(f"tianji eval: error: {err}", file=sys.stderr)

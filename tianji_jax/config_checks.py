@@ -16,7 +16,7 @@ from tianji_jax.config_base import _check_int
 if TYPE_CHECKING:
     from tianji_jax.envs.registry import EnvSpec
 
-__all__ = ["check_coordinator"]
+__all__ = ["check_coordinator", "loopback_ip"]
 
 
 def check_coordinator(coordinator: Any) -> tuple[str, int]:
@@ -31,6 +31,22 @@ def check_coordinator(coordinator: Any) -> tuple[str, int]:
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"coordinator must be 'HOST:PORT' with a port in 1..65535, got {coordinator!r}")
     return host, int(port)
+
+
+def loopback_ip(host: str) -> str | None:
+    """The loopback address a coordinator host names (``"127.0.0.1"`` for ``localhost`` and
+    ``127.x.y.z`` as given, ``"::1"`` for ``::1`` / ``[::1]``), or None for any other host (a job
+    across machines)."""
+    import ipaddress
+
+    name = host.strip("[]")
+    if name == "localhost":
+        return "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return None
+    return str(ip) if ip.is_loopback else None
 
 
 def _check_distributed(config: Any) -> None:

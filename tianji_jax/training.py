@@ -14,7 +14,7 @@ import numpy as np
 
 from tianji_jax import host_on_policy, host_replay  # noqa: F401 - re-exported for callers
 from tianji_jax.algos.registry import algorithm_for
-from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, load_config
+from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, UntrustedCodeError, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.host_loop import async_restore as _async_restore  # noqa: F401  (imported from here by tests)
 from tianji_jax.results import METRIC_COLUMNS, LoadedRun, TrainResult
@@ -69,6 +69,7 @@ def train(
     wandb: bool = False,
     check_versions: bool = True,
     profile: bool = False,
+    trust_code: bool = False,
 ) -> TrainResult:
     """Train PPO in Anakin mode on a gymnax env, looping over compiled chunks on the host.
 
@@ -123,7 +124,7 @@ def train(
             ``provenance.json``, ``metrics.csv``, ``checkpoints/``, ``tensorboard/`` and
             ``final_params/`` (orbax).
         progress: show a progress bar on stderr; default: when stderr is a terminal (when it is
-            not, one summary line is printed there at the end: ``run_status.summary_line``, with
+            not); one summary line is printed there at the end (``run_status.summary_line``, with
             the env steps evaluation took against training's).
         callback: called with each row (a dict) after it is logged and checkpointed.
         resume: continue the run in ``run_dir`` (needs ``run_dir``).
@@ -138,6 +139,9 @@ def train(
             runtime's per-phase columns summed) to ``run_dir/profile/``
             (:mod:`tianji_jax.profiling`); needs ``run_dir``. Off by default: tracing costs time
             and disk.
+        trust_code: with ``resume=True`` and no ``config``: allow importing the code the run's
+            ``config.json`` names (a user torso ``"package.module:factory"``); a config passed
+            in is the caller's own and needs nothing.
 
     Returns:
         A :class:`TrainResult` (on resume its ``curve`` holds the restored rows too).
@@ -149,7 +153,9 @@ def train(
         NotADirectoryError: ``run_dir`` is an existing file.
         ValueError: ``resume`` or ``profile`` without ``run_dir``; the run's checkpoint was written
             by a run with learner groups (or an older tianji_jax without async resume), or (DQN)
-            without its replay buffer.
+            without its replay buffer; :class:`~tianji_jax.config.UntrustedCodeError` (a
+            ValueError): ``resume`` without ``config`` of a run whose config names code, without
+            ``trust_code=True``.
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint, or (``resume``
             without ``config``) is not a run directory.
         tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
@@ -163,7 +169,7 @@ def train(
             from tianji_jax import checkpoint as ckpt
 
             try:
-                config = load_config(run_dir)
+                config = load_config(run_dir, trust_code=trust_code)
             except FileNotFoundError as err:  # as tj.load: not a run directory
                 raise ckpt.CheckpointError(str(err)) from None
     if config is None:
@@ -239,7 +245,8 @@ def load_params(path: str | Path, like: Any = None) -> Any:
         return ckptr.restore(path, like)
 
 
-def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQNConfig | None = None) -> LoadedRun:
+def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQNConfig | None = None,
+         trust_code: bool = False) -> LoadedRun:
     """Load a run's config and the train state of one of its checkpoints.
 
     Args:
@@ -249,6 +256,9 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
             with a one-line ``checkpoint <step> skipped: <reason>`` on stderr).
         config: the run's config, needed only when it used an environment object (config.json
             cannot rebuild it).
+        trust_code: allow importing the code the run's ``config.json`` names (a user torso
+            ``"package.module:factory"``, which rebuilding the network imports and calls); without
+            it such a run is refused (a run directory from elsewhere must not run code unasked).
 
     Returns:
         A :class:`LoadedRun`; arrays are on the default device.
@@ -257,6 +267,8 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
         tianji_jax.checkpoint.CheckpointError: ``run_dir`` is not a run directory, holds no complete
             checkpoint, has no checkpoint at ``step``, or the checkpoint (``step``, else every one)
             is corrupt (a one-line message; no orbax traceback).
+        tianji_jax.config.UntrustedCodeError: (a ValueError) the run's config names code and
+            ``trust_code`` is False (one line naming the field and ``trust_code=True``).
     """
     from tianji_jax import checkpoint as ckpt
 
@@ -267,9 +279,11 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
                                                           if run_dir.exists() else "does not exist"))
     if config is None:
         try:
-            config = load_config(run_dir)
+            config = load_config(run_dir, trust_code=trust_code)
         except FileNotFoundError as err:
             raise ckpt.CheckpointError(str(err)) from None
+        except UntrustedCodeError:
+            raise
         except (ValueError, TypeError) as err:
             raise ckpt.CheckpointError(f"{run_dir / 'config.json'}: {err}") from None
     from tianji_jax.checkpoint_verify import restore_newest_intact

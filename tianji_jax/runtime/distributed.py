@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tianji_jax.config_checks import check_coordinator  # re-exported: the config validates it too
+from tianji_jax.config_checks import check_coordinator, loopback_ip  # re-exported: the config validates it too
 from tianji_jax.runtime.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
@@ -89,12 +89,32 @@ def process_index() -> int:
     return jax.process_index()
 
 
+def _gloo_on(ip: str) -> None:
+    """Make the gloo collectives this process creates listen on ``ip`` (jax calls
+    ``make_gloo_tcp_collectives`` without an address: gloo then takes the hostname's)."""
+    import functools
+
+    from jax._src.lib import _jax
+
+    make = getattr(_jax, "make_gloo_tcp_collectives", None)
+    if make is None or isinstance(make, functools.partial):
+        return
+    _jax.make_gloo_tcp_collectives = functools.partial(make, hostname=ip)
+
+
 def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbeat_timeout_s: int = 60,
                initialization_timeout_s: int = 300, local_device_ids: Sequence[int] | None = None) -> None:
     """Join the job: ``jax.distributed.initialize`` with the CPU collectives set to gloo (the CPU
     backend has no cross-process collectives otherwise). Must run before JAX's backend starts
     (before any array is created, a config resolving a gymnax env included). A second call with
     the same ``(num_processes, process_id)`` does nothing.
+
+    Ports: process 0 runs jax's coordination service (gRPC) on ``coordinator``'s port; every
+    process's gloo collectives listen on one ephemeral TCP port each. With a loopback coordinator
+    (``127.0.0.1``, ``localhost``, ``::1``: every process on this machine) both listen on the
+    loopback interface only; otherwise the coordination service listens on every interface (jax's
+    default, ``[::]:PORT``; ``JAX_COORDINATOR_BIND_ADDRESS`` narrows it) and gloo on the address
+    this machine's hostname resolves to, which the other hosts must reach.
 
     Args:
         coordinator: ``"HOST:PORT"`` of process 0's coordination service.
@@ -114,7 +134,7 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbe
     import jax
     from jax._src import xla_bridge
 
-    check_coordinator(coordinator)
+    host, port = check_coordinator(coordinator)
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
     if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
@@ -131,9 +151,15 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbe
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     os.environ["TIANJI_PROCESS_ID"] = str(process_id)
     os.environ["TIANJI_HEARTBEAT_S"] = str(int(heartbeat_timeout_s))
+    bind = None
+    loopback = loopback_ip(host)
+    if loopback is not None:  # every process on this machine: nothing listens beyond the loopback interface
+        _gloo_on(loopback)
+        if "JAX_COORDINATOR_BIND_ADDRESS" not in os.environ:  # jax's own override wins
+            bind = f"[{loopback}]:{port}" if ":" in loopback else f"{loopback}:{port}"
     jax.distributed.initialize(coordinator, num_processes, process_id, local_device_ids=local_device_ids,
                                initialization_timeout=int(initialization_timeout_s),
-                               heartbeat_timeout_seconds=int(heartbeat_timeout_s))
+                               heartbeat_timeout_seconds=int(heartbeat_timeout_s), coordinator_bind_address=bind)
     log(f"joined {coordinator} as process {process_id} of {num_processes}; local devices {jax.local_devices()}, "
         f"{jax.device_count()} devices in all")
 
