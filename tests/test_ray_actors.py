@@ -274,6 +274,43 @@ def test_device_env_cells_on_ray_actors_run(cluster, algo, env, layout):
         assert float(result.state.actor.obs_rms.count) >= config.env_steps
 
 
+@pytest.mark.timeout(240)
+def test_remote_actors_on_a_masked_suite_env_keep_the_mask_raw(cluster, monkeypatch):
+    """PPO with one Ray actor process on ``jumanji:Maze-v0`` (its action mask: the observation's last 4
+    entries) and observation normalisation: every trajectory the driver receives stores the mask raw
+    (0.0 / 1.0; the host statistics once normalised it too, and every action looked allowed) and every
+    action is allowed by it (tests/test_action_mask_paths.py covers the other paths). Budget: 2
+    updates of 4 x 16 env steps; the actor process compiles Maze's step and the policy."""
+    pytest.importorskip("jumanji")
+    import jax
+
+    from tianji_jax.envs.suites import action_mask
+    from tianji_jax.runtime.ray_actors import RayActorClient
+
+    received, call = [], RayActorClient.__call__
+
+    def record(self, params, version):
+        out = call(self, params, version)
+        if out is not None:
+            received.append(jax.device_get({k: out[0][k] for k in ("obs", "final_obs", "action")}))
+        return out
+
+    monkeypatch.setattr(RayActorClient, "__call__", record)
+    config = PPOConfig(**{**SMALL, "env": "jumanji:Maze-v0", "num_actors": 1, "num_steps": 16},
+                       normalize_observations=True, total_env_steps=2 * 64, seed=0)
+    size = config.env_spec.action_mask_size
+    assert size == 4
+    tj.train(config, progress=False)
+    assert len(received) >= 2
+    for traj in received:
+        obs, action = np.asarray(traj["obs"]), np.asarray(traj["action"])
+        assert set(np.unique(obs[..., -size:])) <= {0.0, 1.0}, np.unique(obs[..., -size:])[:8]
+        assert set(np.unique(np.asarray(traj["final_obs"])[..., -size:])) <= {0.0, 1.0}
+        assert not np.all(np.isin(obs[..., :-size], (0.0, 1.0)))  # the rest is normalised
+        ok = np.take_along_axis(np.asarray(action_mask(obs, size)), action[..., None], -1)[..., 0]
+        assert ok.all(), f"{int((~ok).sum())} forbidden actions of {ok.size}"
+
+
 def _kill_during_rollout(client, after_chunks: int) -> list[int]:
     """Make ``client`` SIGKILL its actor process right after submitting the rollout that follows
     its ``after_chunks``-th chunk (the task is in flight). Returns the list the killed pid goes to."""

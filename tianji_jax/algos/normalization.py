@@ -7,15 +7,48 @@ gym's ``NormalizeReward`` (Engstrom et al. 2020, "Implementation Matters in Deep
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-__all__ = ["RunningMeanStd", "RewardScaler", "CLIP"]
+__all__ = ["RunningMeanStd", "RewardScaler", "CLIP", "normalize_observation"]
 
 CLIP = 10.0
 """Normalised observations and scaled rewards are clipped to ``[-CLIP, CLIP]``."""
 _EPS = 1e-8
+
+
+def normalize_observation(x: Any, mean: Any, var: Any, raw_tail: int = 0) -> Any:
+    """The observation normalisation of every path (device rollouts, host actor threads and Ray
+    actor processes, replay acting and sampling, evaluation, sweeps), written once:
+    ``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` on every entry but the last ``raw_tail``
+    of a flat observation, which pass through unchanged: an env's action mask rides there
+    (:attr:`~tianji_jax.envs.registry.EnvSpec.action_mask_size`, what every caller passes), and
+    the policy reads it back from the observation.
+
+    Args:
+        x: observations ``(..., *shape)``.
+        mean, var: running statistics ``(*shape)``.
+        raw_tail: static int, ``0 <= raw_tail <= x.shape[-1]``.
+
+    Returns:
+        ``x``'s shape, in the dtype the arithmetic gives (callers cast ``x`` first): a numpy array
+        when ``x``, ``mean`` and ``var`` are all numpy arrays (the host statistics), else a jax array.
+
+    Raises:
+        ValueError: ``raw_tail`` not an int in ``[0, x.shape[-1]]``.
+    """
+    size = x.shape[-1] if x.ndim else 0
+    if not isinstance(raw_tail, (int, np.integer)) or isinstance(raw_tail, bool) or not 0 <= raw_tail <= size:
+        raise ValueError(f"raw_tail={raw_tail!r}: allowed 0 to {size} (the trailing observation entries kept raw)")
+    xp = np if all(isinstance(a, np.ndarray) for a in (x, mean, var)) else jnp
+    out = xp.clip((x - mean) / xp.sqrt(var + _EPS), -CLIP, CLIP)
+    if raw_tail:
+        out = xp.concatenate([out[..., :size - raw_tail], x[..., size - raw_tail:]], axis=-1)
+    return out
 
 
 @struct.dataclass
@@ -65,15 +98,13 @@ class RunningMeanStd:
         return self._merge(b_mean, b_var, b_count)
 
     def normalize(self, x: jax.Array, raw_tail: int = 0) -> jax.Array:
-        """``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)`` as float32; ``x`` is ``(..., *shape)``.
+        """:func:`normalize_observation` of ``x`` ``(..., *shape)`` (any numeric dtype) as float32:
+        ``clip((x - mean) / sqrt(var + 1e-8), -CLIP, CLIP)``, the last ``raw_tail`` entries (static
+        int >= 0, an env's action mask) passed through unchanged.
 
-        ``raw_tail`` (static int >= 0): the last ``raw_tail`` entries of a flat observation pass
-        through unchanged (as float32): an env's action mask rides there, and the policy reads it
-        back from the observation."""
-        out = jnp.clip((x.astype(jnp.float32) - self.mean) / jnp.sqrt(self.var + _EPS), -CLIP, CLIP)
-        if raw_tail:
-            out = jnp.concatenate([out[..., :-raw_tail], x[..., -raw_tail:].astype(jnp.float32)], axis=-1)
-        return out
+        Raises:
+            ValueError: ``raw_tail`` out of ``[0, x.shape[-1]]``."""
+        return normalize_observation(jnp.asarray(x).astype(jnp.float32), self.mean, self.var, raw_tail)
 
 
 @struct.dataclass

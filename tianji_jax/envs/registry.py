@@ -205,8 +205,12 @@ def resolve_env(env: Any) -> EnvSpec:
         env: ``"gymnax:<id>"``, ``"envpool:<id>"``, ``"gymnasium:<id>"``, a bare gymnax id such
             as ``"CartPole-v1"``, or a gymnax-style
             environment object (``reset``, ``step``, ``default_params``, ``observation_space``,
-            ``action_space``). A gymnax id may be followed by wrappers, ``|``-separated and applied
-            left to right, innermost first (:func:`tianji_jax.envs.wrappers.apply_wrappers`):
+            ``action_space``; a :class:`~tianji_jax.envs.suites.SuiteEnv` keeps its
+            ``action_mask_size``), or a Jumanji env object of a supported task
+            (``jumanji.make("Maze-v0")``: the adapter its id takes,
+            :func:`~tianji_jax.envs.suites.suite_env_of`, mask included). A gymnax id may be
+            followed by wrappers, ``|``-separated and applied left to right, innermost first
+            (:func:`tianji_jax.envs.wrappers.apply_wrappers`):
             ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
             ``"gymnax:Pendulum-v1|clip_action"``; the spec's spaces are the wrapped env's and its
             ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``). A host id may be
@@ -222,7 +226,10 @@ def resolve_env(env: Any) -> EnvSpec:
             type other than Discrete/Box, an unknown wrapper or bad wrapper value, a gymnax wrapper
             on a host backend (not supported yet), an unknown host modifier (lists the allowed
             ones) or bad ``latency_ms`` value (negative, not finite, not a number), or
-            ``latency_ms`` on a gymnax id (device envs step inside compiled code).
+            ``latency_ms`` on a gymnax id (device envs step inside compiled code); an env object whose
+            ``action_mask_size`` is not 0 or the ``n`` of its ``Discrete(n)`` actions, a wrapper object
+            around a masked env (the mask must stay the observation's last entries), or a Jumanji
+            object of a task not offered.
     """
     if isinstance(env, str):
         base, *wrappers = env.split("|")  # "gymnax:<id>|<wrapper>|...": see tianji_jax.envs.wrappers
@@ -242,13 +249,18 @@ def resolve_env(env: Any) -> EnvSpec:
                 f"env={env!r}: unknown gymnax env id {env_id!r}; closest known ids: "
                 f"{close or known[:5]} (all: gymnax.registered_envs)")
         obj, params = import_gymnax().make(env_id)
-        name = env_id
+        name, mask = env_id, 0
         if wrappers:
             from tianji_jax.envs.wrappers import apply_wrappers
 
             obj, suffix = apply_wrappers(obj, wrappers, env)
             name += suffix
     else:
+        from tianji_jax.envs.suites import suite_env_of
+
+        adapted = suite_env_of(env)  # a Jumanji env object: the adapter its id takes
+        if adapted is not None:
+            return _suite_spec("jumanji", adapted, adapted.name)
         missing = [a for a in ("reset", "step", "default_params", "observation_space", "action_space")
                    if not hasattr(env, a)]
         if missing:
@@ -258,8 +270,13 @@ def resolve_env(env: Any) -> EnvSpec:
         backend, obj, params, name = "gymnax", env, env.default_params, type(env).__name__
         from tianji_jax.envs.wrappers import Wrapper
 
+        mask = getattr(env, "action_mask_size", 0)  # a SuiteEnv (or any env naming its mask) keeps its mask
         if isinstance(env, Wrapper):
             name = env.name  # e.g. "CounterEnv|frame_stack=2"
+            if getattr(env.unwrapped, "action_mask_size", 0):
+                raise ValueError(f"env: a wrapper object around an env with an action mask (its observation ends "
+                                 f"with the mask) is not supported, got {name!r}; allowed: the masked env "
+                                 "object itself, unwrapped")
     try:
         obs_space = from_gymnax_space(obj.observation_space(params))
         act_space = from_gymnax_space(obj.action_space(params))
@@ -269,7 +286,22 @@ def resolve_env(env: Any) -> EnvSpec:
         raise ValueError(f"env={name!r}: observation space must be a Box, got {obs_space!r}")
     if np.dtype(obs_space.dtype).kind not in "fiub":
         raise ValueError(f"env={name!r}: observation dtype {obs_space.dtype} is not numeric")
-    return EnvSpec(backend, name, obj, params, obs_space, act_space)
+    return EnvSpec(backend, name, obj, params, obs_space, act_space,
+                   action_mask_size=_check_mask(mask, name, obs_space, act_space))
+
+
+def _check_mask(mask: Any, name: str, obs_space: Box, act_space: Any) -> int:
+    """An env object's ``action_mask_size`` (0: none), checked: a mask of ``n`` entries needs a
+    ``Discrete(n)`` action space and a flat observation of more than ``n`` entries ending with it."""
+    is_int = isinstance(mask, (int, np.integer)) and not isinstance(mask, bool)
+    if is_int and mask == 0:
+        return 0
+    n = act_space.n if isinstance(act_space, Discrete) else None
+    if not is_int or n is None or mask != n or len(obs_space.shape) != 1 or obs_space.shape[0] <= n:
+        raise ValueError(f"env={name!r}: action_mask_size={mask!r} with action space {act_space!r} and observation "
+                         f"shape {obs_space.shape}; allowed: 0, or n of a Discrete(n) action space whose flat "
+                         "observation ends with the n mask entries")
+    return int(mask)
 
 
 def _resolve_suite(env: str, backend: str, env_id: str, wrappers: list[str]) -> EnvSpec:
@@ -293,6 +325,11 @@ def _resolve_suite(env: str, backend: str, env_id: str, wrappers: list[str]) -> 
 
         obj, suffix = apply_wrappers(obj, wrappers, env)
         name += suffix
+    return _suite_spec(backend, obj, name)
+
+
+def _suite_spec(backend: str, obj: Any, name: str) -> EnvSpec:
+    """The spec of a suite's (or brax's) adapted env object ``obj``, its mask included."""
     params = obj.default_params
     obs_space = from_gymnax_space(obj.observation_space(params))
     act_space = from_gymnax_space(obj.action_space(params))

@@ -3,7 +3,9 @@
 Ids are ``"<suite>:<Name>"`` (:data:`SUITES` lists each suite's ids and the pip extra that
 installs it): ``"craftax:Craftax-Classic-Symbolic-v1"``, ``"jumanji:Maze-v0"``,
 ``"xminigrid:MiniGrid-Empty-8x8"``. Each is adapted to the gymnax interface every device runtime
-runs (:class:`SuiteEnv`; Anakin and the async device actors, like a gymnax id):
+runs (:class:`SuiteEnv`; Anakin and the async device actors, like a gymnax id); a Jumanji env object
+given as ``env=<object>`` takes the same adapter (:func:`suite_env_of`), and a :class:`SuiteEnv` object
+keeps its mask:
 
 * ``reset(key, params) -> (obs, state)`` and ``step(key, state, action, params) -> (obs, state,
   reward, terminated, truncated, info)`` with auto-reset inside ``step`` and the true successor
@@ -52,7 +54,7 @@ import numpy as np
 from flax import struct
 
 __all__ = ["SUITES", "Suite", "SuiteEnv", "SuiteState", "SuiteParams", "make_suite_env", "action_mask", "masked",
-           "random_allowed", "unflatten_action", "flatten_action", "DEFAULT_TIME_LIMIT", "MASKED"]
+           "random_allowed", "unflatten_action", "flatten_action", "DEFAULT_TIME_LIMIT", "MASKED", "suite_env_of"]
 
 DEFAULT_TIME_LIMIT = 10_000
 """Env steps after which an episode of a task with no time limit of its own is truncated."""
@@ -271,10 +273,12 @@ _TIME_LIMITS: dict[str, Callable] = {"Minesweeper-v0": lambda env: env.num_rows 
 """Tasks without a ``time_limit`` whose episodes are bounded anyway: ``env -> steps``."""
 
 
-def _jumanji(env_id: str) -> SuiteEnv:
+def _jumanji(env_id: str, env: Any = None, name: str | None = None) -> SuiteEnv:
+    """The adapter of Jumanji task ``env_id`` (an id of :data:`_JUMANJI_IDS`): of ``jumanji.make(env_id)``,
+    or of ``env``, an object of that task's class (:func:`suite_env_of`), named ``name`` (default the id)."""
     import jumanji
 
-    env = jumanji.make(env_id)
+    env = jumanji.make(env_id) if env is None else env
     spec = env.action_spec
     nvec = tuple(int(n) for n in np.reshape(getattr(spec, "num_values", ()), (-1,)))
     if not hasattr(spec, "num_values") or np.ndim(spec.num_values) > 1:
@@ -304,8 +308,33 @@ def _jumanji(env_id: str) -> SuiteEnv:
         return new, _jumanji_obs(ts.observation, mask_size), ts.reward, terminated, last & ~terminated
 
     limit = _TIME_LIMITS[env_id](env) if env_id in _TIME_LIMITS else getattr(env, "time_limit", None)
-    return SuiteEnv(env_id, reset, step, nvec if factored else n, mask_size,
+    return SuiteEnv(name or env_id, reset, step, nvec if factored else n, mask_size,
                     DEFAULT_TIME_LIMIT if limit is None else int(limit))
+
+
+def suite_env_of(env: Any) -> SuiteEnv | None:
+    """A suite's own env object given as ``env=<object>`` through that suite's adapter (the one its
+    id takes, mask and time-limit rules included): a Jumanji ``Environment`` of a task of
+    :data:`SUITES` (``jumanji.make("Maze-v0")``, or a ``Maze(...)`` of other sizes) becomes the
+    :class:`SuiteEnv` of its task, named by its class. None for any other object (resolved as a
+    gymnax-style env).
+
+    Raises:
+        ValueError: one line naming ``env``: a Jumanji env object of a task not offered here (a
+            wrapper or another task; lists the task classes that are).
+    """
+    if not (type(env).__module__ or "").startswith("jumanji."):
+        return None
+    import jumanji
+
+    if not isinstance(env, jumanji.env.Environment):
+        return None
+    by_class = {i.partition("-v")[0]: i for i in _JUMANJI_IDS}
+    env_id = by_class.get(type(env).__name__)
+    if env_id is None:
+        raise ValueError(f"env: a jumanji env object of type {type(env).__name__} is not supported; allowed: an "
+                         f"object of {sorted(by_class)} (unwrapped), or an id 'jumanji:<id>' of {list(_JUMANJI_IDS)}")
+    return _jumanji(env_id, env, type(env).__name__)
 
 
 # ---- XLand-MiniGrid ---------------------------------------------------------------------------------

@@ -334,7 +334,8 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
     ``M = num_episodes`` envs of a separate host env (seeded from ``key``) each play one episode
     with the deterministic policy ``greedy(params, obs) -> env_action`` (a jitted function);
     with ``config.normalize_observations`` it acts on observations normalised by ``obs_rms`` (a
-    :class:`~tianji_jax.algos.normalization.RunningMeanStd`, frozen: read, never updated), else
+    :class:`~tianji_jax.algos.normalization.RunningMeanStd`, frozen: read, never updated; an action
+    mask's entries raw), else
     ``obs_rms`` is unused. A recurrent policy (``initial_carry(M)`` gives the zero core state) is
     ``greedy(params, carry, obs, reset) -> (carry, env_action)``, its state carried through each
     episode and zeroed on the first obs (``reset = ~valid``). An episode is a full game
@@ -361,7 +362,7 @@ def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_epis
             step = env.reset()
             carry = None if initial_carry is None else jax.tree.map(np.array, jax.device_get(initial_carry(num_episodes)))
             for _ in range(2 * limit + 2):  # reset steps after lost lives count too
-                obs = step.obs if norm is None else norm.normalize(step.obs)
+                obs = step.obs if norm is None else norm.normalize(step.obs, spec.action_mask_size)  # mask raw
                 if carry is None:
                     action = np.asarray(greedy(params, obs))
                 else:  # the core state of the step's envs, by env id

@@ -6,7 +6,9 @@ their statistics shared by every actor of a run:
 
 * each actor folds every observation its env returns into running mean/variance statistics
   *before* acting on it (the same rule as the gymnax path, :meth:`OnPolicyAgent.rollout`), acts on
-  ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)`` and stores that (float32) in its trajectory;
+  ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)`` and stores that (float32) in its trajectory,
+  an action mask's entries raw (the rule of every path:
+  :func:`~tianji_jax.algos.normalization.normalize_observation`);
 * with reward scaling it keeps each env's discounted return ``R <- gamma * R + r`` (valid steps
   only, zeroed at an episode's end), folds it into running statistics of the return, and stores
   ``clip(r / sqrt(var_R + 1e-8), -10, 10)``;
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 from flax import struct
 
-from tianji_jax.algos.normalization import CLIP, RunningMeanStd
+from tianji_jax.algos.normalization import CLIP, RunningMeanStd, normalize_observation
 from tianji_jax.envs.host_common import HostStep
 
 __all__ = ["MeanStd", "HostNormalizer", "SharedStatistics", "HostNormStats"]
@@ -97,9 +99,14 @@ class MeanStd:
         merged = self.merge(MeanStd(x.mean(axis=0), x.var(axis=0), float(len(x))))
         self.mean, self.var, self.count = merged.mean, merged.var, merged.count
 
-    def normalize(self, x: np.ndarray) -> np.ndarray:
-        """``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` as float32, ``x`` shaped ``(..., *shape)``."""
-        return np.clip((np.asarray(x, np.float64) - self.mean) / np.sqrt(self.var + _EPS), -CLIP, CLIP).astype(np.float32)
+    def normalize(self, x: np.ndarray, raw_tail: int = 0) -> np.ndarray:
+        """:func:`~tianji_jax.algos.normalization.normalize_observation` of ``x`` ``(..., *shape)``
+        (computed in float64) as float32: ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)``, the last
+        ``raw_tail`` entries (an env's action mask) passed through unchanged.
+
+        Raises:
+            ValueError: ``raw_tail`` out of ``[0, x.shape[-1]]``."""
+        return normalize_observation(np.asarray(x, np.float64), self.mean, self.var, raw_tail).astype(np.float32)
 
     def to_running(self) -> RunningMeanStd:
         """The float32 device form (:class:`RunningMeanStd`)."""
@@ -223,6 +230,8 @@ class HostNormalizer:
         gamma: discount of the return whose std scales rewards.
         normalize_observations: normalise ``obs`` / ``final_obs`` (then float32).
         scale_rewards: scale ``reward``.
+        raw_tail: the observation's last ``raw_tail`` entries pass through raw (the env's action
+            mask: :meth:`for_config` passes the spec's ``action_mask_size``).
 
     Attributes:
         obs, ret: the :class:`MeanStd` the actor acts with (the published ones plus what it folded
@@ -231,8 +240,9 @@ class HostNormalizer:
     """
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...], gamma: float, normalize_observations: bool,
-                 scale_rewards: bool):
+                 scale_rewards: bool, raw_tail: int = 0):
         self.normalize_observations, self.scale_rewards, self.gamma = normalize_observations, scale_rewards, gamma
+        self.raw_tail = int(raw_tail)
         self.obs_shape = tuple(obs_shape)
         self.obs, self.ret = MeanStd.prior(self.obs_shape), MeanStd.prior(())
         self._delta_obs, self._delta_ret = MeanStd.empty(self.obs_shape), MeanStd.empty(())
@@ -240,11 +250,13 @@ class HostNormalizer:
 
     @classmethod
     def for_config(cls, config: Any) -> "HostNormalizer | None":
-        """The normaliser ``config`` asks for (``normalize_observations`` / ``scale_rewards``), or None."""
+        """The normaliser ``config`` asks for (``normalize_observations`` / ``scale_rewards``), or None;
+        its env's action mask (``env_spec.action_mask_size`` trailing entries) passes through raw."""
         norm, scale = bool(getattr(config, "normalize_observations", False)), bool(getattr(config, "scale_rewards", False))
         if not (norm or scale):
             return None
-        return cls(config.num_envs, config.env_spec.observation_space.shape, config.gamma, norm, scale)
+        spec = config.env_spec
+        return cls(config.num_envs, spec.observation_space.shape, config.gamma, norm, scale, spec.action_mask_size)
 
     def __call__(self, step: HostStep) -> HostStep:
         """``step`` with normalised ``obs``/``final_obs`` (float32) and scaled ``reward``, after folding
@@ -253,9 +265,10 @@ class HostNormalizer:
         if self.normalize_observations:
             self.obs.update(step.obs)
             self._delta_obs.update(step.obs)
-            obs = self.obs.normalize(step.obs)
+            obs = self.obs.normalize(step.obs, self.raw_tail)
             changes["obs"] = obs
-            changes["final_obs"] = obs if step.final_obs is step.obs else self.obs.normalize(step.final_obs)
+            changes["final_obs"] = obs if step.final_obs is step.obs else self.obs.normalize(step.final_obs,
+                                                                                             self.raw_tail)
         if self.scale_rewards:
             rows = np.flatnonzero(step.valid)
             ids = step.env_id[rows]
