@@ -33,6 +33,7 @@ with warnings.catch_warnings(record=True) as caught:
     import tianji_jax as tj
     WORK
 counts["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+counts["read_errors"] = [str(w.message) for w in caught if "Error reading persistent compilation" in str(w.message)]
 counts["cache_dir"] = None if tj.cache_dir() is None else str(tj.cache_dir())
 print("COUNTS" + json.dumps(counts))
 """
@@ -72,6 +73,31 @@ def test_second_process_compiles_nothing_from_scratch(tmp_path):
     assert second["misses"] == 0 and second["hits"] > 0, second
     assert second["compiles"] == second["hits"], second  # every executable came from the disk
     assert first["warnings"] == [] and second["warnings"] == []
+
+
+def test_a_corrupt_entry_is_replaced_and_the_next_process_loads_it(tmp_path):
+    """Budget ~12 s (three child processes). JAX never overwrites an existing entry: a truncated
+    entry (or one whose executable does not deserialise) used to be recompiled, with a warning,
+    in every later process and never loaded again. The process that finds it warns in one line
+    per entry and writes its fresh compilation in its place; the next one loads everything."""
+    from jax._src import compilation_cache
+
+    cache = tmp_path / "xla"
+    first = _run(JIT, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    entries = sorted(cache.glob("*-cache"))
+    assert first["misses"] == len(entries) >= 2 and first["read_errors"] == [], first
+    entries[0].write_bytes(entries[0].read_bytes()[:len(entries[0].read_bytes()) // 2])  # truncated
+    for entry in entries[1:]:  # decompresses, but is no executable
+        entry.write_bytes(compilation_cache.compress_executable(b"\0\0\0\1" + b"not an executable" * 8))
+    second = _run(JIT, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    assert second["hits"] == 0 and second["misses"] == len(entries), second
+    assert len(second["read_errors"]) == len(entries), second
+    for message in second["read_errors"]:
+        assert "\n" not in message and "Traceback" not in message, message
+        assert "CorruptCacheEntryError" in message and "deleted the corrupt entry" in message, message
+    third = _run(JIT, TIANJI_COMPILATION_CACHE_DIR=str(cache))
+    assert third["misses"] == 0 and third["hits"] == len(entries) == third["compiles"], third
+    assert third["read_errors"] == [] and third["warnings"] == [], third
 
 
 def test_off_switch_leaves_the_directory_empty(tmp_path):

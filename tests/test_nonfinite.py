@@ -194,3 +194,60 @@ def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, capsys):
     assert code == 2
     line = [x for x in err.splitlines() if x.startswith("tianji train: error:")]
     assert len(line) == 1 and "consecutive updates" in line[0] and "Traceback" not in err
+
+
+_TINY_REPLAY = dict(num_envs=4, num_steps=4, buffer_capacity=256, batch_size=16, learning_starts=32, replay_ratio=0.25,
+                    total_env_steps=512, eval_episodes=0, hidden_sizes=(16,))
+_TINY_ON_POLICY = dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=2, total_env_steps=64,
+                       eval_episodes=0, hidden_sizes=(16,))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tj.PPOConfig(**_TINY_ON_POLICY),
+    lambda: tj.PQNConfig(**_TINY_ON_POLICY),
+    # 4 updates a block: 12 finite steps, then the skipped block holds step 16, a copy of period 8
+    lambda: tj.DQNConfig(**_TINY_REPLAY, target_update_period=8, prioritized=True, normalize_observations=True),
+    lambda: tj.DQNConfig(**_TINY_REPLAY, distributional="c51", target_update_period=None, tau=0.01),
+    lambda: tj.DQNConfig(**_TINY_REPLAY, distributional="qr", target_update_period=None, tau=0.01),
+    lambda: tj.SACConfig(**_TINY_REPLAY, env="gymnax:Pendulum-v1"),
+    lambda: tj.SACConfig(**_TINY_REPLAY, env="gymnax:Pendulum-v1", autotune=False),
+], ids=["ppo", "pqn", "dqn-hard-per-norm", "c51-polyak", "qr-polyak", "sac", "sac-fixed-alpha"])
+def test_a_skipped_update_changes_nothing_but_the_counters(make):
+    """Budget ~5 s each. After a few finite updates (so that target nets differ from the online
+    ones), an update on NaN rewards is skipped: every leaf of the learner state -- params, target
+    params, optimizer states, temperature, observation statistics -- is bit-identical to before,
+    only the PRNG key and the version / gradient-step counters move (and a replay's priorities
+    stay). The target step used to run after a skipped update (SAC's target critics, DQN's
+    Polyak targets and hard copies moved)."""
+    config = make()
+    agent = registry.agent_class_for(config)(config)
+    learner, actor = agent.init_learner(jax.random.PRNGKey(0)), agent.init_actor(jax.random.PRNGKey(1))
+    rollout, learn = jax.jit(agent.rollout), jax.jit(agent.learn)
+    counters = ("key", "version", "gradient_steps")
+    if registry.algorithm_for(config).data_path == "on_policy":
+        actor, traj = rollout(learner.params, learner.version, actor)
+        learner, metrics = learn(learner, traj)
+        assert int(metrics[guard.SKIP_METRIC]) == 0
+        new, metrics = learn(learner, {**traj, "reward": jnp.full_like(traj["reward"], jnp.nan)})
+        steps = config.update_epochs * config.num_minibatches
+    else:
+        rs = agent.init_replay()
+        for v in range(4):
+            actor, items, item_version, mask, _ = rollout(learner.params, jnp.int32(v), actor)
+            rs = agent.insert(rs, items, item_version, mask)
+            learner = agent.observe(learner, items, mask)
+        for _ in range(3):
+            learner, rs, metrics = learn(learner, rs, jnp.int32(64))
+            assert int(metrics[guard.SKIP_METRIC]) == 0
+        bad = rs.replace(data=rs.data.replace(reward=jnp.full_like(rs.data.reward, jnp.nan)))
+        new, rs_after, metrics = learn(learner, bad, jnp.int32(64))
+        _assert_trees_equal(rs_after, bad)
+        steps = config.updates_per_step
+    assert int(metrics[guard.SKIP_METRIC]) == steps >= 2
+    assert int(new.version) == int(learner.version) + 1
+    frozen = lambda s: s.replace(**{c: None for c in counters if hasattr(s, c)})  # noqa: E731
+    changed = [jax.tree_util.keystr(path) for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(frozen(learner)),
+                                                                    jax.tree.leaves(frozen(new)))
+               if not np.array_equal(np.asarray(a), np.asarray(b))]
+    assert jax.tree.structure(frozen(learner)) == jax.tree.structure(frozen(new))
+    assert changed == [], f"a skipped update changed {changed}"

@@ -22,6 +22,11 @@ instead of compiling it again. Environment variables (read once, when ``tianji_j
 * A user's own JAX setting wins: with ``JAX_COMPILATION_CACHE_DIR`` set (or
   ``jax.config.update("jax_compilation_cache_dir", ...)`` called before the import) tianji_jax
   changes none of JAX's cache options.
+
+A corrupt entry in tianji_jax's directory (truncated, or bytes that do not deserialise) is
+repaired: JAX never overwrites an existing entry, so left alone it would be recompiled with a
+warning in every later process; tianji_jax deletes it when its read fails, JAX's one-line warning
+says so, the fresh compilation is written in its place and the next process loads it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import Any, MutableMapping
 
 __all__ = ["clear_caches", "register", "enable_persistent_cache", "cache_dir", "default_cache_dir",
-           "pin_cpu_collective_schedule", "guard_cpu_collectives"]
+           "pin_cpu_collective_schedule", "guard_cpu_collectives", "CorruptCacheEntryError"]
 
 _REGISTERED: list[MutableMapping[Any, Any]] = []
 
@@ -122,10 +127,12 @@ def enable_persistent_cache() -> Path | None:
     entry. Entry writes themselves are not atomic renames: without the ``filelock`` package (or
     with ``TIANJI_COMPILATION_CACHE_MAX_BYTES=-1``) there is no lock and no bound, and a read
     racing a write fails its zlib/zstd check, which JAX turns into a warning and a recompilation,
-    never a wrong executable. Cost of the bound: on every write JAX lists the directory and reads
-    each entry's access-time file (about 50 us per entry here: ~0.1 s per new compilation at 2000
-    entries), so a cache of many thousands of entries makes each *new* compilation slower; loads
-    stay cheap. Only trust a directory no one else can write to: JAX loads executables from it."""
+    never a wrong executable; an entry whose read fails that way (or whose executable does not
+    deserialise) is deleted (under the lock when there is one), so that recompilation is written
+    in its place (JAX's warning then names :class:`CorruptCacheEntryError`). Cost of the bound:
+    on every write JAX lists the directory and reads each entry's access-time file (about 50 us
+    per entry here: ~0.1 s per new compilation at 2000 entries), so a cache of many thousands of
+    entries makes each *new* compilation slower; loads stay cheap. Only trust a directory no one else can write to: JAX loads executables from it."""
     global _TIANJI_DIR
     import jax
 
@@ -156,7 +163,67 @@ def enable_persistent_cache() -> Path | None:
             jax.config.update(name, value)
     jax.config.update("jax_compilation_cache_dir", str(path))
     _TIANJI_DIR = path
+    _drop_corrupt_entries()
     return cache_dir()
+
+
+class CorruptCacheEntryError(RuntimeError):
+    """An entry of tianji_jax's persistent compilation cache could not be read back (its bytes do
+    not decompress, or its executable does not deserialise) and was deleted. Raised from inside
+    JAX's cache read, which turns it into its one-line ``Error reading persistent compilation cache
+    entry`` warning and compiles the program again (or re-raises it with
+    ``jax_raise_persistent_cache_errors``)."""
+
+
+def _drop_corrupt_entries() -> None:
+    """Wrap JAX's ``compilation_cache.get_executable_and_time`` (once) so that an entry of
+    tianji_jax's directory whose read fails after its bytes were read is deleted and the failure
+    re-raised as one line (:class:`CorruptCacheEntryError`): JAX's ``LRUCache.put`` never replaces
+    an existing key, so the recompilation JAX then does is written in its place only because the
+    broken entry is gone. An ``OSError`` (the file unreadable, the lock's timeout) is not a
+    corrupt entry and passes through unchanged, as does any failure in another directory."""
+    from jax._src import compilation_cache
+
+    read = compilation_cache.get_executable_and_time
+    if getattr(read, "_tianji_repairs", False):
+        return
+
+    def get_executable_and_time(cache_key, *args, **kwargs):
+        try:
+            return read(cache_key, *args, **kwargs)
+        except Exception as e:
+            if isinstance(e, OSError) or not _delete_entry(compilation_cache._cache, cache_key):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise CorruptCacheEntryError(f"{type(e).__name__}: {first}; tianji_jax deleted the corrupt entry, so the "
+                                         "program compiled now is cached in its place") from e
+
+    get_executable_and_time._tianji_repairs = True  # type: ignore[attr-defined]
+    compilation_cache.get_executable_and_time = get_executable_and_time
+
+
+def _delete_entry(cache: Any, key: str) -> bool:
+    """Delete entry ``key`` (its ``-cache`` file, then its ``-atime`` file) of JAX's file cache
+    ``cache`` when that cache lives in tianji_jax's own directory, holding the cache's lock when it
+    has one; returns whether the entry is gone (False: another directory, the lock not acquired
+    or the file not deletable)."""
+    base = getattr(cache, "_base_cache", cache)  # jax_compilation_cache_check_contents wraps the LRU cache
+    path = getattr(base, "_path", None)
+    if path is None or _TIANJI_DIR is None or Path(str(path)) != _TIANJI_DIR:
+        return False
+    lock = base.lock if getattr(base, "eviction_enabled", False) else None
+    try:
+        if lock is not None:
+            lock.acquire(timeout=base.lock_timeout_secs)
+        try:
+            for suffix in ("-cache", "-atime"):  # the entry first: an access time alone is never listed
+                (_TIANJI_DIR / f"{key}{suffix}").unlink(missing_ok=True)
+        finally:
+            if lock is not None:
+                lock.release()
+    except OSError:
+        return False
+    return True
 
 
 def pin_cpu_collective_schedule() -> bool:

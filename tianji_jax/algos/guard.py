@@ -11,7 +11,10 @@ are already identical on every learner replica (the loss and gradients after the
 the data-parallel axis, or the single learner's), so all replicas skip the same steps and stay
 bitwise identical. An update made of several optimizer steps (SAC's critic, actor and temperature)
 takes ONE decision for all of them: each step is taken with ``guard=False`` and the caller keeps
-their results with :func:`keep_if` on the AND of their ``finite``. The host side
+their results with :func:`keep_if` on the AND of their ``finite``. A replay learner's update also
+moves its target networks: :meth:`tianji_jax.algos.replay_agent.ReplayAgent.learn` applies
+:func:`keep_if` to its whole learner state (params, targets, optimizer states), so a skipped update
+changes nothing but the PRNG key and the counters, for every replay algorithm. The host side
 (:class:`tianji_jax.runtime.nonfinite.NonFiniteMonitor`) stops a run after
 ``max_nonfinite_updates`` consecutive updates with a skipped step.
 

@@ -7,10 +7,11 @@ A replay agent (the DQN family's :class:`~tianji_jax.algos.dqn.agent.DQNAgent`, 
 :class:`~tianji_jax.algos.sac.agent.SACAgent`) subclasses :class:`ReplayAgent` and supplies its
 networks and optimizer, ``explore`` (one behaviour step), ``greedy_action`` (evaluation),
 ``env_explore`` / ``actor_explore`` (the per-env exploration parameter, e.g. DQN's epsilons),
-``init_learner`` and ``learn`` (a block of ``updates_per_step`` gradient updates sampled from
-replay). Every runtime (Anakin, the async actors and learners, host actors, Ray workers)
-composes these same functions, so the async ``sync`` schedule reproduces Anakin bit for bit for
-every replay algorithm. The actor and the learner own separate PRNG streams
+``init_learner`` and ``update`` (one gradient update sampled from replay; the base class's
+``learn`` runs a block of ``updates_per_step`` of them and applies the non-finite guard to each
+whole update, target networks included). Every runtime (Anakin, the async actors and learners,
+host actors, Ray workers) composes these same functions, so the async ``sync`` schedule
+reproduces Anakin bit for bit for every replay algorithm. The actor and the learner own separate PRNG streams
 (``ReplayActorState.key``, ``ReplayLearnerState.key``).
 
 n-step windows across iterations: an iteration steps the envs only ``T = num_steps`` times
@@ -34,7 +35,7 @@ import numpy as np
 from flax import struct
 
 from tianji_jax import replay
-from tianji_jax.algos import dqn
+from tianji_jax.algos import dqn, guard
 from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
 
@@ -152,7 +153,7 @@ def window_transitions(history: dict, steps: dict, gamma: float, n: int, gap: ja
 class ReplayAgent:
     """The actor half and the replay plumbing of a replay agent for one config (pure functions;
     callers jit). Subclasses set ``tx`` and their networks in ``__init__`` and implement
-    :meth:`explore`, :meth:`greedy_action`, :meth:`init_learner` and :meth:`learn`; they may
+    :meth:`explore`, :meth:`greedy_action`, :meth:`init_learner` and :meth:`update`; they may
     override :meth:`env_explore` / :meth:`actor_explore` (default: a zero exploration parameter).
 
     Args:
@@ -172,12 +173,19 @@ class ReplayAgent:
         EXPLORE_METRIC: name of the exploration column a row reports from the rollouts'
             exploration parameter (DQN: ``"epsilon"``), or None.
         frame_replay: False (DQN's envpool Atari replay stores frames once; see its agent).
+        unroll_updates: False: :meth:`learn` runs its updates in a ``lax.scan``; True: in a
+            Python loop (DQN's Nature CNN, slow inside an XLA:CPU loop).
+        COUNTERS: the :class:`ReplayLearnerState` fields a skipped update still advances (the
+            PRNG key, so that the next update samples a fresh batch, and ``gradient_steps``);
+            :meth:`learn` keeps every other field as it was.
     """
 
     ROW_METRICS: ClassVar[tuple[str, ...]] = ()
     NUM_ACT_KEYS: ClassVar[int] = 1
     EXPLORE_METRIC: ClassVar[str | None] = None
+    COUNTERS: ClassVar[tuple[str, ...]] = ("key", "gradient_steps")
     frame_replay: bool = False
+    unroll_updates: bool = False
 
     def __init__(self, config: Any):
         self.config = config
@@ -211,15 +219,74 @@ class ReplayAgent:
         """Initialise params, target params and optimizer; version 0, no gradient steps."""
         raise NotImplementedError
 
+    def update(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array, batch_size: int,
+               axis_name: str | None = None) -> tuple[ReplayLearnerState, Any, jax.Array, dict]:
+        """One gradient update on ``batch_size`` items sampled from ``replay_state`` (through
+        :meth:`sample` or its own sampler, then :meth:`normalize_batch`), NOT guarded here:
+        :meth:`learn` keeps its learner state only when it is finite.
+
+        Args:
+            learner: the learner's state before the update.
+            replay_state: the replay (this replica's shard under ``axis_name``).
+            env_steps: int32 scalar, env steps so far (schedules such as PER's beta).
+            batch_size: static int, the items this replica samples.
+            axis_name: data-parallel learners' mapped axis (losses and gradients averaged over
+                it, so ``finite`` is the same on every replica), or None.
+
+        Returns:
+            ``(learner, replay_state, finite, metrics)``: the learner state the update computed
+            (every field, targets included, its key and ``gradient_steps`` advanced) even when
+            not finite; the replay state, which the update itself must leave unchanged where not
+            ``finite`` (e.g. no priority update); ``finite`` (bool scalar, the AND of its
+            gradient steps' :attr:`~tianji_jax.algos.guard.GradientStep.finite`); float32/int32
+            scalar metrics: :attr:`ROW_METRICS`, ``grad_norm``, ``policy_lag_mean`` and
+            ``policy_lag_max``.
+        """
+        raise NotImplementedError
+
     def learn(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array,
               axis_name: str | None = None, num_shards: int = 1) -> tuple[ReplayLearnerState, Any, dict]:
-        """One learner block of ``updates_per_step`` gradient updates, then version += 1.
-        Returns ``(learner, replay_state, metrics)``: scalar metrics including ``grad_norm``,
-        ``policy_lag_mean``, int32 ``policy_lag_max`` and int32 ``nonfinite_skips`` plus
-        :attr:`ROW_METRICS`. Under ``axis_name`` (``num_shards`` data-parallel replicas, each with
-        its own replay shard) each replica samples ``batch_size / num_shards`` items from its shard
-        and gradients are averaged before an identical step."""
-        raise NotImplementedError
+        """One learner block of ``updates_per_step`` :meth:`update` calls, then version += 1.
+
+        The non-finite guard of every replay algorithm, in this one place: an update whose
+        ``finite`` is False leaves every field of the learner state (params, target params,
+        optimizer states, observation statistics) bit-identical to before, except
+        :attr:`COUNTERS`, and counts 1 in ``nonfinite_skips`` (:mod:`tianji_jax.algos.guard`).
+
+        Args:
+            learner: the learner's state.
+            replay_state: the replay (at least one item).
+            env_steps: int32 scalar, env steps so far.
+            axis_name: data-parallel learners (``num_shards`` replicas under ``shard_map``, each
+                with its own replay shard): each replica samples ``batch_size / num_shards``
+                items from its shard and gradients are averaged before an identical step.
+            num_shards: static int, the replicas under ``axis_name`` (1 without).
+
+        Returns:
+            ``(learner, replay_state, metrics)``: scalar metrics averaged over the block's
+            updates (``policy_lag_max`` its max, int32 ``nonfinite_skips`` the skipped updates):
+            those of :meth:`update`.
+        """
+        batch_size = self.config.batch_size // num_shards
+
+        def one(carry, _):
+            lrn, rs = carry
+            new, rs, finite, metrics = self.update(lrn, rs, env_steps, batch_size, axis_name)
+            kept = guard.keep_if(finite, new, lrn.replace(**{f: getattr(new, f) for f in self.COUNTERS}))
+            return (kept, rs), {**metrics, guard.SKIP_METRIC: guard.skip_count(finite)}
+
+        if self.unroll_updates:
+            carry, ms = (learner, replay_state), []
+            for _ in range(self.config.updates_per_step):
+                carry, mi = one(carry, None)
+                ms.append(mi)
+            (learner, replay_state), m = carry, jax.tree.map(lambda *xs: jnp.stack(xs), *ms)
+        else:
+            (learner, replay_state), m = jax.lax.scan(one, (learner, replay_state), None,
+                                                      length=self.config.updates_per_step)
+        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == guard.SKIP_METRIC else jnp.mean(v))
+                   for k, v in m.items()}
+        return learner.replace(version=learner.version + 1), replay_state, metrics
 
     def env_explore(self, env_steps: jax.Array) -> jax.Array:
         """``(N,)`` float32 exploration parameters of one actor's envs after ``env_steps`` env

@@ -27,7 +27,6 @@ from tianji_jax.algos import dqn
 from tianji_jax.algos.dqn.config import DQNConfig
 from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss, expected_q
 from tianji_jax.algos import guard
-from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.envs.suites import masked, random_allowed
 from tianji_jax.networks import QNetwork, check_network, resolve_torso
@@ -76,7 +75,8 @@ class DQNAgent(ReplayAgent):
 
     Attributes:
         network (:class:`QNetwork`), tx (optax), num_actions ``A``, frame_replay (envpool Atari:
-        replay stores frames once), support (C51's atoms or None), plus
+        replay stores frames once), support (C51's atoms or None), unroll_updates (True for
+        the Nature CNN torso: a block's updates run in a Python loop), plus
         :class:`~tianji_jax.algos.replay_agent.ReplayAgent`'s.
 
     Raises:
@@ -96,6 +96,10 @@ class DQNAgent(ReplayAgent):
         self.tx = make_dqn_optimizer(config)
         self.num_actions = int(self.spec.action_space.n)
         self.frame_replay = config.frame_replay
+        # XLA:CPU runs convolutions inside a while loop (lax.scan, even unroll=True) ~5-15x slower
+        # than outside one (jax 0.10, Nature CNN batch 16: 0.35 s against 0.07 s per learner block
+        # here), so the CNN's block of a few updates is unrolled in Python
+        self.unroll_updates = self.network.torso == "nature_cnn"
         self.support = (c51_support(config.num_atoms, config.v_min, config.v_max)
                         if config.distributional == "c51" else None)
 
@@ -253,100 +257,78 @@ class DQNAgent(ReplayAgent):
         q_a = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
         return loss, (td, q_a)
 
-    def learn(self, learner: DQNLearnerState, replay_state: replay.ReplayState, env_steps: jax.Array,
-              axis_name: str | None = None, num_shards: int = 1
-              ) -> tuple[DQNLearnerState, replay.ReplayState, dict[str, jax.Array]]:
-        """One learner block: ``updates_per_step`` gradient updates (``lax.scan``), then version += 1.
+    def update(self, learner: DQNLearnerState, replay_state: Any, env_steps: jax.Array, batch_size: int,
+               axis_name: str | None = None) -> tuple[DQNLearnerState, Any, jax.Array, dict[str, jax.Array]]:
+        """One gradient update (the base class's :meth:`~ReplayAgent.learn` runs a block of
+        ``updates_per_step`` of them and keeps each one's learner state only when it is finite).
 
-        Each update samples ``batch_size`` transitions (uniform, or prioritised with importance
-        weights and beta from :meth:`per_beta` at ``env_steps``; from the frame replay when
+        Samples ``batch_size`` transitions (uniform, or prioritised with importance weights and
+        beta from :meth:`per_beta` at ``env_steps``; from the frame replay when
         ``config.frame_replay``, whose stacks and n-step targets are rebuilt at sampling), computes the n-step target
         ``reward + discount * V(next_obs)`` with the double-Q or max-Q bootstrap from the target
-        net, takes one Adam step on the (Huber) TD loss, updates the sampled priorities (PER) and
-        the target net (hard copy every ``target_update_period`` gradient steps, or Polyak).
+        net, takes one Adam step on the (Huber) TD loss (or C51's / QR-DQN's distributional
+        loss), updates the sampled priorities (PER; only when finite) and the target net (hard
+        copy every ``target_update_period`` gradient steps, or Polyak).
 
         Args:
             learner: the learner's state.
             replay_state: the buffer (:meth:`init_replay`'s kind; must hold at least one item; the config guarantees
                 ``batch_size`` items once learning starts).
             env_steps: int32 scalar, env steps taken so far (beta annealing only).
-            axis_name: data-parallel learners (inside ``shard_map`` over this axis, ``num_shards``
-                replicas, each with its own replay shard): every replica samples ``batch_size /
-                num_shards`` items from its own shard (its sampling key folded with its axis
-                index; prioritised draws use the shard's own priorities and importance weights),
-                and the loss, gradients and metrics are averaged over the axis (``pmean``; the
-                lag's max is ``pmax``) before the identical step, so the replicas stay equal and
-                the non-finite decision is global. Priorities are updated in each shard from its
-                own TD errors.
+            batch_size: static int, items sampled (``config.batch_size / num_shards``).
+            axis_name: data-parallel learners (inside ``shard_map`` over this axis, each with its
+                own replay shard): the sampling key is folded with the axis index (prioritised
+                draws use the shard's own priorities and importance weights), and the loss,
+                gradients and metrics are averaged over the axis (``pmean``; the lag's max is
+                ``pmax``) before the identical step, so the replicas stay equal and the
+                non-finite decision is global. Priorities are updated in each shard from its own
+                TD errors.
 
         Returns:
-            ``(learner, replay_state, metrics)``; metrics are float32 scalars, means over the
-            block's updates: ``td_loss``, ``q_mean`` (mean ``Q(s, a)`` of the sampled actions),
+            ``(learner, replay_state, finite, metrics)`` as :meth:`ReplayAgent.update`; metrics
+            are float32 scalars ``td_loss``, ``q_mean`` (mean ``Q(s, a)`` of the sampled actions),
             ``grad_norm`` (before clipping), ``policy_lag_mean`` and int32 ``policy_lag_max``
-            (learner version minus the sampled items' stamps, computed here), and int32
-            ``nonfinite_skips`` (the block's updates skipped because their loss or gradient was
-            not finite: params, optimizer state and priorities left as they were; see
-            :mod:`tianji_jax.algos.guard`).
+            (learner version minus the sampled items' stamps).
         """
         cfg = self.config
         beta = self.per_beta(env_steps)
-        batch_size = cfg.batch_size // num_shards
         mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
-
-        def update(carry, _):
-            lrn, rs = carry
-            key, k_sample = jax.random.split(lrn.key)
-            if axis_name is not None:  # each replica draws from its own shard
-                k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
-            if self.frame_replay:
-                s = frame_replay.sample(rs, k_sample, batch_size, beta if cfg.prioritized else 0.0)
-                batch = s.transition
-            elif cfg.prioritized:
-                s = replay.sample_prioritised(rs, k_sample, batch_size, beta)
-                batch = s.item
-            else:
-                s = replay.sample(rs, k_sample, batch_size)
-                batch = s.item
-            batch = self.normalize_batch(lrn, batch)  # raw observations in replay, normalised as sampled
-            step = guard.gradient_step(self._loss, self.tx, lrn.params, lrn.opt_state, lrn.target_params, batch,
-                                       s.weights if cfg.prioritized else None, axis_name=axis_name)
-            loss, (td, q_a), params, opt_state = step.loss, step.aux, step.params, step.opt_state
-            finite = step.finite  # else: no step, no priority update (index -1 is ignored)
-            steps = lrn.gradient_steps + 1
-            if cfg.target_update_period is not None:
-                target = dqn.periodic_hard_update(lrn.target_params, params, steps, cfg.target_update_period)
-            else:
-                target = dqn.polyak_update(lrn.target_params, params, cfg.tau)
-            if cfg.prioritized:
-                indices = jnp.where(finite, s.indices, -1)
-                if self.frame_replay:
-                    rs = frame_replay.update_priorities(rs, indices, s.step, td, cfg.per_alpha, _PER_EPS)
-                else:
-                    rs = replay.update_priorities(rs, indices, td, cfg.per_alpha, _PER_EPS,
-                                                  insert_index=s.insert_index)
-            lag = lrn.version - s.policy_version
-            lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
-            metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": step.grad_norm,
-                       "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max,
-                       SKIP_METRIC: skip_count(finite)}
-            return (lrn.replace(params=params, target_params=target, opt_state=opt_state, key=key,
-                                gradient_steps=steps), rs), metrics
-
-        # XLA:CPU runs convolutions inside a while loop (lax.scan, even unroll=True) ~5-15x slower
-        # than outside one (jax 0.10, Nature CNN batch 16: 0.35 s against 0.07 s per learner block
-        # here), so the CNN's block of a few updates is unrolled in Python
-        if self.network.torso == "nature_cnn":
-            carry, ms = (learner, replay_state), []
-            for _ in range(cfg.updates_per_step):
-                carry, mi = update(carry, None)
-                ms.append(mi)
-            (learner, replay_state), m = carry, jax.tree.map(lambda *xs: jnp.stack(xs), *ms)
+        lrn, rs = learner, replay_state
+        key, k_sample = jax.random.split(lrn.key)
+        if axis_name is not None:  # each replica draws from its own shard
+            k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
+        if self.frame_replay:
+            s = frame_replay.sample(rs, k_sample, batch_size, beta if cfg.prioritized else 0.0)
+            batch = s.transition
+        elif cfg.prioritized:
+            s = replay.sample_prioritised(rs, k_sample, batch_size, beta)
+            batch = s.item
         else:
-            (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None,
-                                                      length=cfg.updates_per_step)
-        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == SKIP_METRIC else jnp.mean(v))
-                   for k, v in m.items()}
-        return learner.replace(version=learner.version + 1), replay_state, metrics
+            s = replay.sample(rs, k_sample, batch_size)
+            batch = s.item
+        batch = self.normalize_batch(lrn, batch)  # raw observations in replay, normalised as sampled
+        step = guard.gradient_step(self._loss, self.tx, lrn.params, lrn.opt_state, lrn.target_params, batch,
+                                   s.weights if cfg.prioritized else None, axis_name=axis_name, guard=False)
+        loss, (td, q_a), params, opt_state = step.loss, step.aux, step.params, step.opt_state
+        finite = step.finite  # else: learn keeps the old learner state; no priority update (index -1 is ignored)
+        steps = lrn.gradient_steps + 1
+        if cfg.target_update_period is not None:
+            target = dqn.periodic_hard_update(lrn.target_params, params, steps, cfg.target_update_period)
+        else:
+            target = dqn.polyak_update(lrn.target_params, params, cfg.tau)
+        if cfg.prioritized:
+            indices = jnp.where(finite, s.indices, -1)
+            if self.frame_replay:
+                rs = frame_replay.update_priorities(rs, indices, s.step, td, cfg.per_alpha, _PER_EPS)
+            else:
+                rs = replay.update_priorities(rs, indices, td, cfg.per_alpha, _PER_EPS,
+                                              insert_index=s.insert_index)
+        lag = lrn.version - s.policy_version
+        lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
+        metrics = {"td_loss": loss, "q_mean": mean(jnp.mean(q_a)), "grad_norm": step.grad_norm,
+                   "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max}
+        return (lrn.replace(params=params, target_params=target, opt_state=opt_state, key=key, gradient_steps=steps),
+                rs, finite, metrics)
 
 
 def actor_epsilons(config: DQNConfig, env_steps: int, actor_id: int, num_actors: int | None = None) -> np.ndarray:

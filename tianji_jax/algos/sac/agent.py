@@ -14,8 +14,9 @@ One gradient update (Haarnoja et al. 2018, "Soft Actor-Critic", Algorithm 1; the
 3. **temperature** (``autotune``): ``-log_alpha * (log pi(a|s) + target_entropy)``, one Adam step;
 4. **targets**: Polyak ``tau`` towards the updated critics.
 
-A non-finite loss or gradient in any of the three skips the whole update (nothing changes), as for
-every algorithm (:mod:`tianji_jax.algos.guard`).
+A non-finite loss or gradient in any of the three skips the whole update, the target step
+included (nothing but the PRNG key and the counters changes), as for every replay algorithm
+(:meth:`~tianji_jax.algos.replay_agent.ReplayAgent.learn`, :mod:`tianji_jax.algos.guard`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import optax
 
 from tianji_jax.algos import dqn
 from tianji_jax.algos import guard
-from tianji_jax.algos.guard import SKIP_METRIC, skip_count
 from tianji_jax.algos.replay_agent import ReplayAgent, ReplayLearnerState
 from tianji_jax.algos.sac.config import SACConfig
 from tianji_jax.algos.sac.math import (actor_loss, critic_loss, soft_q_target, squashed_gaussian_mode,
@@ -128,15 +128,40 @@ class SACAgent(ReplayAgent):
         return self.with_statistics(ReplayLearnerState(params, jax.tree.map(jnp.copy, params["critic"]), opt_state,
                                                        key, zero, zero))
 
-    def _update(self, lrn: ReplayLearnerState, batch: dqn.Transition, keys: tuple[jax.Array, jax.Array],
-                axis_name: str | None) -> tuple[dict, Any, dict, jax.Array, dict]:
-        """One soft actor-critic update on ``batch`` (module docstring): three unguarded
-        :func:`~tianji_jax.algos.guard.gradient_step` (losses and gradients averaged over
-        ``axis_name`` when given) and ONE guard decision over all of them.
-        Returns ``(params, target, opt_state, finite, metrics)``."""
-        cfg, p = self.config, lrn.params
+    def update(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array, batch_size: int,
+               axis_name: str | None = None) -> tuple[ReplayLearnerState, Any, jax.Array, dict]:
+        """One soft actor-critic update (the module docstring) on ``batch_size`` uniformly sampled
+        transitions: three unguarded :func:`~tianji_jax.algos.guard.gradient_step` (critics,
+        actor, temperature; losses and gradients averaged over ``axis_name`` when given), then
+        the Polyak target step. ONE decision covers all of it: ``finite`` is the AND of the
+        three steps', and the base class's :meth:`~ReplayAgent.learn` keeps the new params,
+        optimizer states and target critics only when it holds.
+
+        Args:
+            learner: the learner's state.
+            replay_state: the :class:`~tianji_jax.replay.ReplayState` (at least one item; returned
+                unchanged).
+            env_steps: int32 scalar, env steps so far (unused: SAC has no schedule).
+            batch_size: static int, items sampled (``config.batch_size / num_shards``).
+            axis_name: data-parallel learners (inside ``shard_map`` over this axis, each replica
+                with its own replay shard): each replica samples from its shard (its key folded
+                with its axis index) and the losses and gradients are averaged (``pmean``)
+                before identical steps.
+
+        Returns:
+            ``(learner, replay_state, finite, metrics)`` as :meth:`ReplayAgent.update`; float32
+            metrics ``td_loss`` (the critics' loss), ``q_mean`` (mean of the two critics on the
+            sampled pairs), ``policy_loss`` (the actor's), ``entropy`` (``-log pi`` of fresh
+            samples), ``alpha`` (before the update), ``grad_norm`` (critics, before clipping),
+            ``policy_lag_mean`` and int32 ``policy_lag_max``.
+        """
+        cfg, lrn, p = self.config, learner, learner.params
         mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
-        k_next, k_pi = keys
+        key, k_sample, k_next, k_pi = jax.random.split(lrn.key, 4)
+        if axis_name is not None:  # each replica draws from its own shard
+            k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
+        s = self.sample(replay_state, k_sample, batch_size)
+        batch = self.normalize_batch(lrn, s.item)  # raw observations in replay, normalised as sampled
         alpha = jnp.exp(p["log_alpha"])
         next_action, next_logp = self._policy(p["actor"], batch.next_obs, k_next)
         nq1, nq2 = self.critic.apply(lrn.target_params, batch.next_obs, next_action)
@@ -165,57 +190,16 @@ class SACAgent(ReplayAgent):
                                                  lrn.opt_state["log_alpha"], *t_args[1:], axis_name=axis_name,
                                                  has_aux=False, guard=False)
         finite = steps["critic"].finite & steps["actor"].finite & steps["log_alpha"].finite  # one decision
-        params = {k: guard.keep_if(finite, s.params, p[k]) for k, s in steps.items()}
-        opt_state = {k: guard.keep_if(finite, s.opt_state, lrn.opt_state[k]) for k, s in steps.items()}
+        params = {k: s_.params for k, s_ in steps.items()}
+        opt_state = {k: s_.opt_state for k, s_ in steps.items()}
         if not cfg.autotune:  # a fixed temperature (Adam on a zero gradient would leave it anyway)
             params["log_alpha"] = p["log_alpha"]
         target_params = dqn.polyak_update(lrn.target_params, params["critic"], cfg.tau)
+        lag = lrn.version - s.policy_version
+        lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
         metrics = {"td_loss": steps["critic"].loss, "q_mean": mean(jnp.mean(q_sa)), "policy_loss": steps["actor"].loss,
-                   "entropy": mean(-jnp.mean(logp)), "alpha": alpha, "grad_norm": steps["critic"].grad_norm}
-        return params, target_params, opt_state, finite, metrics
-
-    def learn(self, learner: ReplayLearnerState, replay_state: Any, env_steps: jax.Array,
-              axis_name: str | None = None, num_shards: int = 1) -> tuple[ReplayLearnerState, Any, dict]:
-        """One learner block: ``updates_per_step`` soft actor-critic updates (``lax.scan``; see
-        the module docstring), each on ``batch_size`` uniformly sampled transitions, then version += 1.
-
-        Args:
-            learner: the learner's state.
-            replay_state: the :class:`~tianji_jax.replay.ReplayState` (at least one item).
-            env_steps: int32 scalar, env steps so far (unused: SAC has no schedule).
-            axis_name: data-parallel learners (inside ``shard_map`` over this axis, ``num_shards``
-                replicas, each with its own replay shard): each replica samples ``batch_size /
-                num_shards`` items from its shard (its key folded with its axis index) and the
-                losses and gradients are averaged (``pmean``) before identical steps.
-
-        Returns:
-            ``(learner, replay_state, metrics)``; metrics are float32 means over the block's
-            updates: ``td_loss`` (the critics' loss), ``q_mean`` (mean of the two critics on the
-            sampled pairs), ``policy_loss`` (the actor's), ``entropy`` (``-log pi`` of fresh
-            samples), ``alpha`` (before the update), ``grad_norm`` (critics, before clipping),
-            ``policy_lag_mean``, int32 ``policy_lag_max`` and int32 ``nonfinite_skips``.
-        """
-        cfg = self.config
-        batch_size = cfg.batch_size // num_shards
-        mean = (lambda x: x) if axis_name is None else (lambda x: jax.lax.pmean(x, axis_name))  # noqa: E731
-
-        def update(carry, _):
-            lrn, rs = carry
-            key, k_sample, k_next, k_pi = jax.random.split(lrn.key, 4)
-            if axis_name is not None:  # each replica draws from its own shard
-                k_sample = jax.random.fold_in(k_sample, jax.lax.axis_index(axis_name))
-            s = self.sample(rs, k_sample, batch_size)
-            batch = self.normalize_batch(lrn, s.item)  # raw observations in replay, normalised as sampled
-            params, target, opt_state, finite, metrics = self._update(lrn, batch, (k_next, k_pi), axis_name)
-            lag = lrn.version - s.policy_version
-            lag_max = jnp.max(lag) if axis_name is None else jax.lax.pmax(jnp.max(lag), axis_name)
-            metrics = {**metrics, "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))),
-                       "policy_lag_max": lag_max, SKIP_METRIC: skip_count(finite)}
-            new = lrn.replace(params=params, target_params=target, opt_state=opt_state, key=key,
-                              gradient_steps=lrn.gradient_steps + 1)
-            return (new, rs), metrics
-
-        (learner, replay_state), m = jax.lax.scan(update, (learner, replay_state), None, length=cfg.updates_per_step)
-        metrics = {k: (jnp.max(v) if k == "policy_lag_max" else jnp.sum(v) if k == SKIP_METRIC else jnp.mean(v))
-                   for k, v in m.items()}
-        return learner.replace(version=learner.version + 1), replay_state, metrics
+                   "entropy": mean(-jnp.mean(logp)), "alpha": alpha, "grad_norm": steps["critic"].grad_norm,
+                   "policy_lag_mean": mean(jnp.mean(lag.astype(jnp.float32))), "policy_lag_max": lag_max}
+        new = lrn.replace(params=params, target_params=target_params, opt_state=opt_state, key=key,
+                          gradient_steps=lrn.gradient_steps + 1)
+        return new, replay_state, finite, metrics
