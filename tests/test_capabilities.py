@@ -1,6 +1,7 @@
-"""The capability table: the README shows it as generated, every unsupported cell a config can
-express is refused with the table's reason, and every supported cell runs a few updates (in this
-process, or for multi-host and Ray cells in the tests named by ``_ELSEWHERE``)."""
+"""The capability table: its docs page (docs/concepts/capabilities.md) shows it as generated, every
+unsupported cell a config can express is refused with the table's reason, and every supported cell
+runs a few updates (in this process, or for multi-host and Ray cells in the tests named by
+``_ELSEWHERE``)."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def _expressible(cell: Cell) -> bool:
     return True
 
 
-def test_readme_shows_the_generated_table():
-    assert capabilities.markdown() in (ROOT / "README.md").read_text()
+def test_docs_page_shows_the_generated_table():
+    assert capabilities.markdown() in (ROOT / "docs" / "concepts" / "capabilities.md").read_text()
 
 
 @pytest.mark.parametrize("cell", [c for c, why in capabilities.table() if why is not None and _expressible(c)],

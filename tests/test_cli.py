@@ -272,8 +272,8 @@ def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(
         dataclasses.replace(real("dqn"), config=NoMultiHost) if name == "dqn" else real(name)))
     assert main(["train", "--algo", "dqn", "--num-processes", "2", "--coordinator", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tianji train: error: --num-processes: --algo dqn has no multi-host learners yet (the README's "
-                   "capability table); allowed: leave --num-processes out (one process)"]
+    assert err == ["tianji train: error: --num-processes: --algo dqn has no multi-host learners yet (the capability "
+                   "table, docs/concepts/capabilities.md); allowed: leave --num-processes out (one process)"]
 
 
 def test_num_processes_for_dqn_reaches_the_config_check(capsys):

@@ -17,7 +17,7 @@ Dimensions of a cell (:class:`Cell`):
 
 Rules are checked in order; the first that matches a cell gives its reason. A cell no rule
 matches is supported. :func:`table` enumerates every cell, :func:`markdown` renders it (the
-README's capability section is this output), :func:`check` is what the configs call.
+docs/concepts/capabilities.md is this output), :func:`check` is what the configs call.
 """
 
 from __future__ import annotations

@@ -138,8 +138,8 @@ def _multi_host(argv: list[str]) -> int | None:
             except ValueError:
                 names = {"num_processes"}  # an unknown --algo is reported by the parser
             if "num_processes" not in names:
-                raise ValueError(f"--num-processes: --algo {algo} has no multi-host learners yet (the README's "
-                                 "capability table); allowed: leave --num-processes out (one process)")
+                raise ValueError(f"--num-processes: --algo {algo} has no multi-host learners yet (the capability "
+                                 "table, docs/concepts/capabilities.md); allowed: leave --num-processes out (one process)")
         raw = {f: flag_value(argv, f"--{f}", d) for f, d in
                (("num-processes", "1"), ("process-id", "0"), ("heartbeat-timeout-s", "60"), ("coordinator", None))}
         ints = {}

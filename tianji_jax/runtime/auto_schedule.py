@@ -71,7 +71,7 @@ class AutoBalancer:
 
     Attributes:
         decisions: ``(group, update, knob, old, new, actor_wait_frac, learner_wait_frac)`` of every
-            change, in order (what the README's auto section explains; the rows carry the knobs).
+            change, in order (what docs/concepts/schedules.md explains; the rows carry the knobs).
 
     Raises:
         ValueError: ``ceiling < 1``, ``band_max_factor < 1``, ``num_actors < 1`` or ``period < 1``.
