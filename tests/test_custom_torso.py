@@ -103,6 +103,11 @@ def test_cli_trains_resumes_and_evaluates_a_user_torso(tmp_path):
         assert refused.returncode == 2 and refused.stdout.strip() == "not imported", (refused.stdout, refused.stderr)
         assert refused.stderr.count("\n") == 1 and "--trust-code" in refused.stderr, refused.stderr
         assert "torso='custom_torsos:two_conv' names code" in refused.stderr, refused.stderr
+    for bad, said in ((["--trust-code"], "got nothing"), (["--trust-code", "yes"], "got 'yes'")):
+        wrong = subprocess.run([*cli, "train", "--resume", str(run), *bad], env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert wrong.returncode == 2 and "--trust-code takes a value here" in wrong.stderr and said in wrong.stderr, \
+            wrong.stderr
     again = subprocess.run([*cli, "train", "--resume", str(run), "--trust-code", "True"], env=env,
                            capture_output=True, text=True, timeout=300)  # a fresh process rebuilds the torso
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr[-2000:]

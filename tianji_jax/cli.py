@@ -185,8 +185,12 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
         if resume_dir is not None and resume_dir != "None":  # the run's config is the default of every option
             from tianji_jax.config import load_config
 
-            trusted = (flag_value(argv, "--trust-code", None) or flag_value(argv, "--trust_code", "False")) == "True"
-            stored = load_config(resume_dir, trust_code=trusted)
+            trusted = flag_value(argv, "--trust-code", None) or flag_value(argv, "--trust_code", "False")
+            bare = argv[-1] in ("--trust-code", "--trust_code")
+            if bare or trusted not in ("True", "False"):
+                raise ValueError("--trust-code takes a value here: --trust-code True or --trust-code False, got "
+                                 + ("nothing" if bare else repr(trusted)))
+            stored = load_config(resume_dir, trust_code=trusted == "True")
             algo = algorithm_for(stored).name
             if flag_value(argv, "--algo", algo) != algo:
                 raise ValueError(f"--algo {algo_of(argv)}: the run in {resume_dir!r} is a {algo!r} run")
@@ -364,8 +368,7 @@ def _plot(argv: list[str]) -> int:
     from tianji_jax.plotting import plot_runs
 
     if not args.run_dirs:
-        print("tianji plot: error: give one or more run directories: tianji plot RUN_DIR [RUN_DIR ...]",
-              file=sys.stderr)
+        print("tianji plot: error: give one or more run directories: tianji plot RUN_DIR [RUN_DIR ...]", file=sys.stderr)
         return 2
     out = args.out or args.run_dirs[0] / "plot.png"
     try:
@@ -381,7 +384,6 @@ def _learner_layout(argv: list[str]) -> tuple[str, str]:
     """``(num_learner_devices, num_learner_groups)`` as strings: the flags' values, else (with
     ``--resume DIR``) the resumed run's ``config.json``, else ``"1"``."""
     import json
-    from pathlib import Path
 
     saved: dict = {}
     resume = flag_value(argv, "--resume", None)

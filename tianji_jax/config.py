@@ -125,7 +125,8 @@ def config_from_dict(data: dict[str, Any], *, trust_code: bool = False) -> "PPOC
     env = fields.get("env")
     if isinstance(env, str) and env.startswith("object:"):
         raise ValueError(f"env={env!r} was an environment object, which config.json cannot hold; "
-                         "build the config yourself and pass it (train(config, run_dir=..., resume=True))")
+                         "build the config yourself and pass it (tianji_jax.load(run_dir, config=config), "
+                         "train(config, run_dir=..., resume=True))")
     if isinstance(fields.get("hidden_sizes"), list):
         fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
     return cls(**fields)
