@@ -24,6 +24,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.checkpoint import (CheckpointError, CorruptCheckpointError, RunCheckpointer, flatten_state,
                                    unflatten_state)
+from tianji_jax.checkpoint_digests import DIGESTS_FILE
 from tianji_jax.checkpoint_verify import continuation_dir, continued_in, one_line, quiet_abandoned_reads
 from test_checkpoint import Interrupt, assert_trees_equal, interrupt_after  # the interrupted-run helpers
 
@@ -211,8 +212,10 @@ def test_load_falls_back_unless_a_step_is_given_and_none_intact_is_one_line(tmp_
 
 
 def test_checkpoints_without_checksums_still_load(tmp_path, ppo_cut):
-    """Checkpoints written before checksums existed restore unverified."""
+    """Checkpoints written before checksums existed restore unverified (they had no file digests
+    either: with them, the edited metadata would fail its digest)."""
     run_dir = copy_run(ppo_cut, tmp_path / "run")
+    (run_dir / "checkpoints" / "768" / DIGESTS_FILE).unlink()
     meta_file = run_dir / "checkpoints" / "768" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
     assert all("checksum" in rec for rec in meta["leaves"] if rec["saved"])

@@ -11,7 +11,10 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   (DQN's n-step window with ``n_step=1``, say) is not written (orbax refuses empty arrays): its
   record says ``"empty": true`` and the restore rebuilds it from its shape and dtype. Each written
   leaf's record holds its ``checksum`` (:mod:`tianji_jax.checkpoint_verify`), verified on restore,
-  so corrupt array data raises instead of restoring silently wrong values;
+  so corrupt array data raises instead of restoring silently wrong values; and every file of the
+  step directory is covered by its file digests (``tianji_file_digests.json``,
+  :mod:`tianji_jax.checkpoint_digests`), checked on every read, so a changed
+  byte anywhere -- the metadata included -- makes the checkpoint corrupt;
 * ``meta`` (JSON): format version (``format``), the ``tianji_jax_version`` that wrote it (format
   1 checkpoints written before it existed have only ``packages["tianji-jax"]``), algorithm, the
   config (``to_dict()``), package versions, env steps, updates done, the ``leaves`` records, the

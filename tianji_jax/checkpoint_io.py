@@ -24,8 +24,9 @@ import jax
 import numpy as np
 
 from tianji_jax import checkpoint as fmt
-from tianji_jax.checkpoint import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
-from tianji_jax.checkpoint_verify import leaf_checksums, one_line, quiet_abandoned_reads, warn
+from tianji_jax.checkpoint import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _array_key, _leaf_paths, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
+from tianji_jax.checkpoint_digests import DigestWriter, check_file_digests
+from tianji_jax.checkpoint_verify import host_leaf_checksums, leaf_checksums, one_line, quiet_abandoned_reads, warn
 
 __all__ = ["RunCheckpointer", "Restored", "part_path", "save_process_part", "load_process_part",
            "prune_process_parts"]
@@ -110,14 +111,22 @@ class RunCheckpointer:
             # resumed run reopens the directory; without it the best-N policy saw no metrics for the
             # checkpoints of the interrupted process and deleted the best one at the next save
             best = dict(best_fn=lambda m: m["eval_return_mean"], best_mode="max") if keep_best_checkpoints else {}
+            # a reader lists the steps without reading their metrics (lightweight_initialize): it
+            # reads each checkpoint only after checking its file digests (a corrupt metrics file
+            # made the listing raise json's error)
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=async_save,
                 **best,
                 create=not read_only and not multi, read_only=read_only, cleanup_tmp_directories=not read_only,
-                **multi)
+                lightweight_initialize=read_only, **multi)
             self._ocp = ocp
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            try:
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
+            except Exception as err:  # noqa: BLE001 - orbax reads every step's metrics file here
+                raise CheckpointError(f"cannot open the checkpoints in {self.directory}: {one_line(err)}") from None
+        self._async = async_save
         self._started: list[int] = []  # steps whose save was started
+        self._digests = DigestWriter(self.directory)  # each one's file digests, once it is complete
         self._failed = False  # a save failed
         self._absl_level: int | None = None  # absl's level before the first save (restored by a clean close)
         if read_only and not self.steps():
@@ -158,10 +167,20 @@ class RunCheckpointer:
         rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
         self._silence_background()
         with self._save_errors(step):  # also reports a failure of the previous, asynchronous save
+            self._settle_digests()  # the previous save's, before this one's retention may delete it
             self._manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
                                                                   meta=ocp.args.JsonSave(meta)),
                                metrics={"eval_return_mean": rank}, force=True)
-        self._started.append(int(step))
+            self._started.append(int(step))
+            self._digests.started(int(step), complete=not self._async)
+
+    def _settle_digests(self) -> None:
+        """Wait for the pending saves, then write the file digests each complete one lacks
+        (:class:`~tianji_jax.checkpoint_digests.DigestWriter`); raises what orbax or the writing
+        raises (callers turn it into :class:`CheckpointSaveError`)."""
+        if self._digests.pending:
+            self._manager.wait_until_finished()
+            self._digests.settle()
 
     def _silence_background(self) -> None:
         """orbax's writer threads log every failure with a traceback (absl ERROR), some long after
@@ -188,17 +207,34 @@ class RunCheckpointer:
                 f"checkpoint at env step {failed[-1] if failed else '?'} could not be written: {one_line(err)}; "
                 f"training stopped; last complete checkpoint: {last}") from None
 
+    def _check_files(self, step: int, select: Any) -> None:
+        """Check the files of checkpoint ``step`` that ``select`` picks against its file digests
+        (:func:`~tianji_jax.checkpoint_digests.check_file_digests`; a checkpoint without them is
+        not checked).
+
+        Raises:
+            CorruptCheckpointError: a file is missing, truncated or changed, or the digests are."""
+        try:
+            check_file_digests(self.directory / str(step), select)
+        except ValueError as err:
+            raise CorruptCheckpointError(self.directory, step, f"files: {err}") from None
+        except OSError as err:
+            raise CorruptCheckpointError(self.directory, step, f"files: {one_line(err)}") from None
+
     def read_meta(self, step: int | None = None) -> dict:
         """The metadata of checkpoint ``step`` (default: the latest), in the current format
-        (:func:`migrate_meta`: an older format is migrated).
+        (:func:`migrate_meta`: an older format is migrated). Every file of the checkpoint but its
+        array data (``state/``, checked by :meth:`restore`) is checked against its file digests
+        first (:func:`~tianji_jax.checkpoint_digests.check_file_digests`).
 
         Raises:
             CheckpointError: no such step, or metadata that is not tianji_jax's.
-            CorruptCheckpointError: its metadata cannot be read.
+            CorruptCheckpointError: its metadata cannot be read, or a file fails its digest.
             CheckpointFormatError: a format newer than :data:`~tianji_jax.checkpoint.FORMAT_VERSION`, or an older one
                 without a migration (one line naming both versions).
         """
         step = self._pick(step)
+        self._check_files(step, lambda rel: not rel.startswith("state/"))  # the array files: by restore
         try:
             with _quiet():
                 out = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))
@@ -225,16 +261,24 @@ class RunCheckpointer:
             step: env steps of the checkpoint.
             meta: its metadata if already read (by :meth:`read_meta`).
 
+        Each leaf is checked against its checksum after the restore, then every file of the
+        checkpoint against its file digests. Each leaf comes back with the dtype and the weak
+        type of ``template``'s (a weakly typed leaf of a fresh state, such as an env's step
+        counter made from a Python int, is weakly typed again), so the restored state hits the
+        jit caches that a fresh one filled.
+
         Raises:
-            CheckpointError: missing step, corrupt files, an unreadable format, or leaves that do
-                not match ``template``.
+            CheckpointError: missing step, an unreadable format, or leaves that do not match
+                ``template``.
+            CorruptCheckpointError: (a CheckpointError) a file fails its digest, orbax cannot read
+                the data, or a leaf fails its checksum.
         """
         step = self._pick(step)
         meta = meta if meta is not None else self.read_meta(step)
-        device = jax.local_devices()[0]  # this process's (multi-host: jax.devices()[0] is process 0's)
-        sharding = jax.sharding.SingleDeviceSharding(device)
         stored = _stored_records(meta)
-        abstract = {key: jax.ShapeDtypeStruct(tuple(rec["shape"]), np.dtype(rec["dtype"]), sharding=sharding)
+        # read into host arrays (a numpy target of the right shape and dtype, a broadcast scalar that
+        # takes no memory), checked there, then placed as a fresh state's arrays are (_placed)
+        abstract = {key: np.broadcast_to(np.zeros((), np.dtype(rec["dtype"])), tuple(rec["shape"]))
                     for key, rec in stored.items()}
         try:
             with _quiet(), quiet_abandoned_reads():
@@ -248,6 +292,13 @@ class RunCheckpointer:
                 reason += " (" + ", ".join(f"{k} is {stored[k]['path']}" for k in keys) + ")"
             raise CorruptCheckpointError(self.directory, step, reason) from None
         self._verify(step, arrays, stored)
+        # then every byte of every file, also those the restore did not read or could not check
+        # (after orbax and the checksums, whose errors name the leaf; the metadata's files again,
+        # as ``meta`` may come from elsewhere than read_meta)
+        self._check_files(step, None)
+        weak = {p for p, x in _leaf_paths(template) if _is_weak(x)}
+        paths = {_array_key(i, rec): rec["path"] for i, rec in enumerate(meta["leaves"]) if rec.get("saved")}
+        arrays = {key: _placed(x, paths.get(key) in weak) for key, x in arrays.items()}
         written = meta.get("migrated_from", meta.get("format"))
         state, filled = _unflatten(template, arrays, meta["leaves"], None, written)
         for path, why in filled.items():
@@ -255,14 +306,15 @@ class RunCheckpointer:
                  f"ALLOWED_MISSING_LEAVES says ({why})")
         if filled:
             meta = {**meta, "filled_leaves": sorted(filled)}
-        state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else _materialise(x, device), state)
+        state = jax.tree.map(lambda x, t: x if isinstance(x, jax.Array) else _placed(_host_value(x), _is_weak(t)),
+                             state, template)
         return Restored(state=state, meta=meta, rows=_rows_from_json(meta.get("rows", [])), step=int(step))
 
     def _verify(self, step: int, arrays: dict[str, Any], stored: dict[str, dict]) -> None:
-        """Compare the restored arrays' checksums with the recorded ones (``stored``: records by
+        """Compare the restored host arrays' checksums with the recorded ones (``stored``: records by
         array key; records without one, from checkpoints written before checksums, are not checked)."""
         keyed = {key: rec for key, rec in stored.items() if "checksum" in rec}
-        sums = leaf_checksums({k: arrays[k] for k in keyed if k in arrays})
+        sums = host_leaf_checksums({k: arrays[k] for k in keyed if k in arrays})
         for key, rec in keyed.items():
             if key in sums and sums[key] != rec["checksum"]:
                 raise CorruptCheckpointError(self.directory, step,
@@ -280,16 +332,17 @@ class RunCheckpointer:
         return int(step)
 
     def wait(self) -> None:
-        """Block until every started save is written.
+        """Block until every started save is written, with its file digests.
 
         Raises:
             CheckpointSaveError: a save failed.
         """
         with self._save_errors(None):
             self._manager.wait_until_finished()
+            self._settle_digests()
 
     def close(self) -> None:
-        """Finish pending saves and release the manager.
+        """Finish pending saves (and their file digests) and release the manager.
 
         Raises:
             CheckpointSaveError: a pending save failed (the manager is released all the same).
@@ -297,18 +350,49 @@ class RunCheckpointer:
         try:
             with _quiet(), self._save_errors(None):
                 self._manager.wait_until_finished()
+                self._settle_digests()
         finally:
+            self._digests.stop()  # a failed save never completes: its watcher stops waiting
             with _quiet(), contextlib.suppress(Exception):
                 self._manager.close()
         if self._absl_level is not None and not self._failed:  # clean close: orbax's threads are done, its logs may show again
             logging.getLogger("absl").setLevel(self._absl_level)
 
 
-def _materialise(x: Any, device: Any) -> jax.Array:
-    """An abstract leaf (not saved) becomes zeros; a host array moves to ``device``."""
+def _is_weak(x: Any) -> bool:
+    """``x`` (an array or a ``jax.ShapeDtypeStruct``) is weakly typed."""
+    return bool(getattr(x, "weak_type", False))
+
+
+def _weakly_typed(x: jax.Array) -> jax.Array:
+    """``x`` (an array this process just made: restored, or zeros) marked weakly typed, its data
+    untouched and nothing compiled. A fresh train state holds weakly typed leaves where it was
+    built from Python scalars (an env's ``time = 0``); orbax and ``device_put`` give strongly
+    typed arrays, and jit's cache keys tell the two apart, so a restored state compiled the train
+    chunk, the evaluator and the checksums again. No public function changes an array's weak type
+    without compiling a conversion; this sets the abstract value exactly as JAX's own unpickling
+    of arrays does (``jax._src.array._reconstruct_array``). Should a JAX version refuse it, ``x``
+    stays strongly typed: only a recompilation, the values are the same."""
+    if not x.weak_type:
+        with contextlib.suppress(AttributeError, TypeError):
+            x.aval = x.aval.update(weak_type=True)
+    return x
+
+
+def _host_value(x: Any) -> np.ndarray:
+    """A leaf that is not a device array as a host array: an abstract one (not saved) as zeros."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        return jax.device_put(np.zeros(x.shape, x.dtype), device)
-    return jax.device_put(np.asarray(x), device)
+        return np.zeros(x.shape, x.dtype)
+    return np.asarray(x)
+
+
+def _placed(x: np.ndarray, weak: bool) -> jax.Array:
+    """Host array ``x`` on this process's default device, uncommitted, weakly typed if ``weak``:
+    the placement and abstract value a fresh train state's leaf has (it comes out of a jitted
+    ``init`` called without a device), so the restored state hits the same jit caches (jit keys
+    committed arrays by their device, weakly typed ones apart from strong ones)."""
+    out = jax.device_put(np.asarray(x))
+    return _weakly_typed(out) if weak else out
 
 
 def part_path(run_dir: str | Path, step: int, process: int) -> Path:
@@ -351,7 +435,8 @@ def save_process_part(run_dir: str | Path, step: int, process: int, actor: Any, 
 
 def load_process_part(run_dir: str | Path, step: int, process: int, template: Any) -> tuple[Any, dict]:
     """``(actor, info)`` of :func:`save_process_part`, the actor state in ``template``'s structure
-    (None: host actors, no state) on this process's first local device.
+    (None: host actors, no state) on this process's default device, uncommitted, each leaf
+    weakly typed where ``template``'s is (as a fresh state's leaves are).
 
     Raises:
         CheckpointError: the part is missing (that process never finished writing it).
@@ -377,8 +462,7 @@ def load_process_part(run_dir: str | Path, step: int, process: int, template: An
     flat, treedef = jax.tree.flatten(template)
     if [(tuple(x.shape), np.dtype(x.dtype)) for x in flat] != [(a.shape, a.dtype) for a in leaves]:
         raise CorruptCheckpointError(directory, step, f"{path.name} does not hold this config's actor states")
-    device = jax.local_devices()[0]
-    return jax.tree.unflatten(treedef, [jax.device_put(a, device) for a in leaves]), json.loads(text)
+    return jax.tree.unflatten(treedef, [_placed(a, _is_weak(t)) for a, t in zip(leaves, flat)]), json.loads(text)
 
 
 def prune_process_parts(run_dir: str | Path) -> None:
