@@ -77,6 +77,22 @@ def _launch(tmp_path: Path, extra: list[str], heartbeat: int = 30) -> list[_Proc
                    "--run-dir", str(tmp_path / f"run{i}")], tmp_path) for i in range(2)]
 
 
+def _run_workers(tmp_path: Path, source: str, suffix: str, extra: list[str], timeout: float) -> None:
+    """Run ``source`` as two worker processes (argv: process id, port, ``tmp_path/p<i><suffix>``, *extra)
+    until both exit 0 (else their stderr tails are shown); the children are killed by pid whatever happens."""
+    script = tmp_path / "worker.py"
+    script.write_text(source)
+    port = _free_port()
+    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}{suffix}"), *extra], tmp_path)
+             for i in range(2)]
+    try:
+        rcs = [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+
+
 def _digests(text: str) -> dict[int, str]:
     return {int(u): h for u, h in re.findall(r"update (\d+) params_sha256 ([0-9a-f]+)", text)}
 
@@ -160,16 +176,7 @@ _WORKER = textwrap.dedent('''
 
 @pytest.mark.slow  # two jax.distributed processes: about 40 s each on 2 cores
 def test_global_update_equals_single_process_update_and_each_process_gets_its_half(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER)
-    port = _free_port()
-    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}.npz")], tmp_path) for i in range(2)]
-    try:
-        rcs = [p.wait(200) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    _run_workers(tmp_path, _WORKER, ".npz", [], timeout=200)
     out = [dict(np.load(tmp_path / f"p{i}.npz")) for i in range(2)]
     for o in out:  # (c): global (T, 2N) batch; this process holds only its own N columns, on its learner device
         assert tuple(o["global_shape"]) == (16, 8, 4) and int(o["global_devices"]) == 2
@@ -685,16 +692,7 @@ def test_a_job_on_one_machine_listens_on_the_loopback_interface_only(tmp_path, h
     import ipaddress
     import json
 
-    script = tmp_path / "worker.py"
-    script.write_text(_LISTEN_WORKER)
-    port = _free_port()
-    procs = [_Proc([str(script), str(i), str(port), str(tmp_path / f"p{i}.json"), host], tmp_path) for i in range(2)]
-    try:
-        rcs = [p.wait(120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert rcs == [0, 0], [p.text[-3000:] for p in procs]
+    _run_workers(tmp_path, _LISTEN_WORKER, ".json", [host], timeout=120)
     out = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
     assert all(o["gathered"] == [0, 1] for o in out), out
     assert len(out[0]["listening"]) >= 2, out  # the coordination service and process 0's gloo port
