@@ -202,7 +202,8 @@ def test_a_recorded_ppo_run_replays_bit_for_bit(tmp_path, env):
                 total_env_steps=4 * 32 * 8, eval_every_env_steps=4 * 32 * 4, eval_episodes=0, seed=3)
     recorded = tj.train(tj.PPOConfig(record_schedule=True, schedule=recorded_under, **base), run_dir=tmp_path / "rec",
                         progress=False)
-    base["schedule"] = "relaxed"
+    # a replay runs under the bound in force when recording: 'auto' defaults to 4, 'relaxed' to 2
+    base.update(schedule="relaxed", max_policy_lag=4 if recorded_under == "auto" else 2)
     path = tmp_path / "rec" / "schedule.jsonl"
     schedule = load_schedule(path)
     assert len(schedule.consumed) == 8 and {a for a, _, _ in schedule.consumed} == {0, 1}
@@ -219,7 +220,9 @@ def test_a_recorded_ppo_run_replays_bit_for_bit(tmp_path, env):
     assert first.curve["policy_lag_max"].max() == max(lags) and np.all(np.isnan(first.curve["lag_window"]))
     # a replay must compute what its recording computed: another config, or past the schedule's end, is refused
     for changes, match in ((dict(seed=4), "recorded with another config: seed: recorded 3, given 4"),
-                           (dict(total_env_steps=4 * 32 * 16), "total_env_steps: recorded 1024, given 2048")):
+                           (dict(total_env_steps=4 * 32 * 16), "total_env_steps: recorded 1024, given 2048"),
+                           (dict(max_policy_lag=3), "recorded under the lag bound max_policy_lag=(4|2); this config's "
+                                                    "bound is 3")):
         with pytest.raises(ValueError, match=match):
             tj.PPOConfig(replay_schedule=str(path), **{**base, **changes})
     cut = tmp_path / "cut.jsonl"

@@ -186,7 +186,9 @@ def _replayed_value(field: str, value: Any) -> Any:
 
 def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
     """A replay must compute what its recording computed: the same config (but
-    :data:`_REPLAY_FREE_FIELDS`), a lag bound the schedule keeps, and no updates past the
+    :data:`_REPLAY_FREE_FIELDS`), the same lag bound in force (``max_policy_lag``, or the schedule's
+    default when unset: 'auto' defaults to 4 and 'relaxed' to 2, so an 'auto' recording replays
+    under 'relaxed' with ``max_policy_lag=4``) which the schedule keeps, and no updates past the
     schedule's end except after an early stop at a metrics row."""
     if schedule.config is not None:
         import json
@@ -194,12 +196,17 @@ def _check_replayed_config(replay: str, schedule: Any, config: Any) -> None:
         mine = json.loads(json.dumps(config.to_dict(), default=str))  # as the header holds it
         diffs = [f"{k}: recorded {schedule.config.get(k, '<absent>')!r}, given {mine.get(k, '<absent>')!r}"
                  for k in sorted(set(mine) | set(schedule.config))
-                 if k not in _REPLAY_FREE_FIELDS
+                 if k not in _REPLAY_FREE_FIELDS and k != "max_policy_lag"  # compared as the bound in force, below
                  and _replayed_value(k, schedule.config.get(k, "<absent>")) != _replayed_value(k, mine.get(k, "<absent>"))]
         if diffs:
             raise ValueError(f"replay_schedule={replay!r} was recorded with another config: " + "; ".join(diffs)
                              + " (replay it with the recorded config, in the file's header; fields that may "
                              f"differ: {sorted(_REPLAY_FREE_FIELDS)}, and schedule between 'auto' and 'relaxed')")
+    if schedule.max_policy_lag != config.policy_lag_bound:  # None stands for the schedule's default bound
+        raise ValueError(f"replay_schedule={replay!r} was recorded under the lag bound max_policy_lag="
+                         f"{schedule.max_policy_lag}; this config's bound is {config.policy_lag_bound} (schedule="
+                         f"{config.schedule!r}, max_policy_lag={config.max_policy_lag}); allowed: max_policy_lag="
+                         f"{schedule.max_policy_lag}")
     if schedule.max_lag > config.policy_lag_bound:
         raise ValueError(f"replay_schedule={replay!r} consumes rollouts of lag {schedule.max_lag}, above this config's "
                          f"max_policy_lag={config.policy_lag_bound}; allowed: max_policy_lag >= {schedule.max_lag}")
