@@ -143,6 +143,31 @@ def finish(files: RunFiles, display: ProgressDisplay, run: Callable[[], tuple[An
     return files.result(state, stopped)
 
 
+def finished_result(files: RunFiles) -> TrainResult:
+    """The result of resuming a run that had already finished (nothing is trained). When its
+    ``final_params`` are missing or incomplete (the run was interrupted while writing them, after
+    its last checkpoint: :func:`final_params_complete`), they are written from that checkpoint,
+    which holds the same params, with one line on stderr saying so."""
+    files.close()
+    path = files.run_dir / "final_params" if files.run_dir is not None else None
+    if path is not None and not final_params_complete(path):
+        save_params(path, files.state.params)
+        print(f"tianji_jax.train: the run had finished but its final params were missing or incomplete (interrupted "
+              f"while they were written); wrote them from checkpoint {files.restored.step} to {path}", file=sys.stderr)
+    return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
+
+
+def final_params_complete(path: Path) -> bool:
+    """Whether ``path`` (a run's ``final_params/``) holds a finished orbax save: the directory
+    exists under its final name (orbax writes into ``final_params.orbax-checkpoint-tmp`` and renames
+    it when done), orbax counts it finalized, and both its metadata files are there."""
+    from orbax.checkpoint import utils as ocp_utils
+
+    path = Path(path)
+    return (path.is_dir() and (path / "_METADATA").is_file() and (path / "_CHECKPOINT_METADATA").is_file()
+            and ocp_utils.is_checkpoint_finalized(path))
+
+
 def save_params(path: Path, params: Any) -> None:
     """Save ``params`` with orbax to ``path`` (the run's ``final_params/``), replacing what is there;
     multi-host: host copies (orbax refuses process-local arrays)."""

@@ -88,8 +88,7 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
                      tensorboard=tensorboard, wandb=wandb, check_versions=check_versions,
                      resumable=config.num_learner_groups == 1)
     if files.finished:
-        files.close()
-        return files.result(files.state, bool(files.restored.meta.get("stopped_early", False)))
+        return host_loop.finished_result(files)
 
     display = host_loop.make_display(config, progress, algo.name.upper())
     emit = host_loop.make_emit(config, files, display, start, evaluator)

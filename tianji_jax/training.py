@@ -17,6 +17,7 @@ from tianji_jax.algos.registry import algorithm_for
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, UntrustedCodeError, load_config
 from tianji_jax.evaluation import EvalResult
 from tianji_jax.host_loop import async_restore as _async_restore  # noqa: F401  (imported from here by tests)
+from tianji_jax.host_loop import final_params_complete
 from tianji_jax.results import METRIC_COLUMNS, LoadedRun, TrainResult
 from tianji_jax.run_files import state_template, unstack_actors
 from tianji_jax.run_status import check_new_run_dir, report_end
@@ -225,14 +226,22 @@ def load_params(path: str | Path, like: Any = None) -> Any:
         The params pytree (float32 arrays of the network's shapes).
 
     Raises:
-        FileNotFoundError: no saved params at ``path`` (or ``path/final_params``).
+        FileNotFoundError: no saved params at ``path`` (or ``path/final_params``); for a run
+            directory whose final params are missing or incomplete (an unfinished run, or one
+            interrupted while writing them), the one-line message names the fix,
+            ``tianji train --resume RUN_DIR``.
     """
     import orbax.checkpoint as ocp
 
     path = Path(path).resolve()
+    run_dir = path.parent if path.name == "final_params" else path
+    if (run_dir / "config.json").is_file() and not final_params_complete(run_dir / "final_params"):
+        state = "incomplete" if any(run_dir.glob("final_params*")) else "missing"
+        raise FileNotFoundError(f"{run_dir}: the run's final params are {state} (the run is unfinished, or was "
+                                f"interrupted while writing them); complete them with: tianji train --resume {run_dir}")
     if (path / "final_params").is_dir():
         path = path / "final_params"
-    if not (path / "_METADATA").exists() and not (path / "_CHECKPOINT_METADATA").exists():
+    if not final_params_complete(path):
         raise FileNotFoundError(f"no saved params at {path} (expected a run directory or its final_params/)")
     with ocp.StandardCheckpointer() as ckptr:
         if like is None:  # onto this process's default device: the saving run's device (an async learner's
