@@ -35,7 +35,7 @@ def loadavg() -> list[float] | None:
 
 def write_machine(out: Path, extra: dict[str, Any]) -> None:
     """``machine.json``: the library's provenance record plus load averages and run sizes."""
-    from tianji_jax.provenance import provenance
+    from tianji_jax.run.provenance import provenance
 
     info = provenance()
     info["shared_machine"] = True

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_num_cpu_devices", 1)
     import tianji_jax as tj
-    from tianji_jax.provenance import provenance
+    from tianji_jax.run.provenance import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
     dev = jax.devices()[0]

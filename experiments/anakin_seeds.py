@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import tianji_jax as tj
-from tianji_jax.provenance import provenance
+from tianji_jax.run.provenance import provenance
 from tianji_jax.runtime.anakin import host_metrics
-from tianji_jax.host_on_policy import on_policy_evaluator
+from tianji_jax.run.host_on_policy import on_policy_evaluator
 
 
 def first_hit(steps: np.ndarray, values: np.ndarray, threshold: float) -> float:

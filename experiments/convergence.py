@@ -839,7 +839,7 @@ def profile_lines(profile_dir: Path) -> list[str]:
     lines = ["## Where tianji_jax's time to the threshold goes (`--profile`)", "",
              "One extra run per system and row (the first seed, stopped when the evaluation reaches the threshold) "
              "with `tj.train(..., profile=True)` (a `jax.profiler` trace and per-phase timers, "
-             "`tianji_jax/profiling.py`); profiling and the checkpoints it writes cost time, so these runs are not "
+             "`tianji_jax/run/profiling.py`); profiling and the checkpoints it writes cost time, so these runs are not "
              "measurements. Seconds of wall clock: *start-up* = interpreter, imports and config before `train()`; "
              "*compilation* = jax's trace + lower + XLA compile events in every thread (they overlap the phases); "
              "*first chunk* includes compiling it; *other* = run setup (trainer, `init`, run directory, env "

@@ -4,7 +4,7 @@ and the full-scale command with its replay memory footprint.
 The small-scale run (default; ``--quick`` for the test suite) is ``DQNConfig.atari()`` -- CleanRL's
 ``dqn_atari.py`` settings -- shrunk to a CPU budget (fewer env steps, a smaller buffer and
 learning start): one actor thread on cpu:0 steps 8 envpool envs and acts epsilon-greedy, the
-learner on cpu:1 stores every frame once (``tianji_jax.frame_replay``) and runs one gradient
+learner on cpu:1 stores every frame once (``tianji_jax.buffers.frame_replay``) and runs one gradient
 update of batch 32 per 4 env steps, the replay ratio held by the rate limiter. It reports the
 steady production SPS (env steps the actor produced per second), the inserted SPS (env steps that
 reached replay) and the consumed SPS (transitions sampled by the learner per second = replay
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SHARED_NOTE, command, write_csv, write_machine  # noqa: E402
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax import frame_replay, replay  # noqa: E402
+from tianji_jax.buffers import frame_replay, replay  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "pong_dqn"
 ENV = "envpool:Pong-v5"

@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax import host_on_policy  # noqa: E402
+from tianji_jax.run import host_on_policy  # noqa: E402
 
 SCHEDULES = (("sync", 0), ("one_step", 1), ("relaxed", 2), ("auto", 2))  # auto: its ceiling K = relaxed's
 OVERLAPPING = tuple(s for s, _ in SCHEDULES if s != "sync")

@@ -67,7 +67,7 @@ def run(base: tj.PPOConfig, backend: str, actors: int, learners: int, seed: int)
     return summarize(res.curve, cfg, t.s, processes=1)
 
 
-CLI = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from tianji_jax.cli.commands import main; sys.exit(main(sys.argv[1:]))"
 
 
 def run_distributed(base: tj.PPOConfig, num_processes: int, seed: int, timeout_s: float = 900.0) -> dict:

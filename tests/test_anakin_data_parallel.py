@@ -111,7 +111,7 @@ def test_a_run_trained_on_two_devices_loads_and_evaluates_on_one(tmp_path):
               "print('returns', tj.evaluate(r.config, r.state, num_episodes=2, seed=1)['returns'].shape)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "returns (2,)" in proc.stdout, proc.stderr[-2000:]
-    proc = subprocess.run([sys.executable, "-m", "tianji_jax.cli", "eval", str(tmp_path / "run"), "--episodes", "2"],
+    proc = subprocess.run([sys.executable, "-m", "tianji_jax.cli.commands", "eval", str(tmp_path / "run"), "--episodes", "2"],
                           capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     assert proc.returncode == 0, proc.stderr[-2000:]

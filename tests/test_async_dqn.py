@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.buffers import ReplayIngress, TrajectoryItem
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.queues import ReplayIngress, TrajectoryItem
+from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_replay import AsyncReplay
 
 pytestmark = pytest.mark.timeout(300)

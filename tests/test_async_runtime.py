@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tianji_jax as tj
-from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
+from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
 from tianji_jax.runtime.param_store import ParamStore
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax import capabilities
-from tianji_jax.capabilities import Cell
+from tianji_jax.algos import capabilities
+from tianji_jax.algos.capabilities import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENV_ID = {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1", "gymnasium": "gymnasium:CartPole-v1"}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.checkpoint import CheckpointError, ConfigMismatchError, RunCheckpointer
+from tianji_jax.checkpoint.core import CheckpointError, ConfigMismatchError, RunCheckpointer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -274,7 +274,7 @@ def test_incompatible_config_names_the_fields(ppo_full, tmp_path):
 
 
 def test_package_version_mismatch_is_named():
-    from tianji_jax.checkpoint import check_compatible
+    from tianji_jax.checkpoint.core import check_compatible
 
     saved = {"jax": "0.1.0", "jaxlib": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "gymnax": "1.0.1"}
     now = {**saved, "jax": "0.10.2"}

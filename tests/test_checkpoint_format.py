@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax import checkpoint as ckpt
-from tianji_jax.checkpoint import (CheckpointError, CheckpointFormatError, ConfigMismatchError, MissingLeaf,
+from tianji_jax.checkpoint import core as ckpt
+from tianji_jax.checkpoint.core import (CheckpointError, CheckpointFormatError, ConfigMismatchError, MissingLeaf,
                                    check_compatible, unflatten_state)
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,7 +37,7 @@ TIMING = ("wall_time_s", "sps")
 def state_template(config):
     """The abstract train state that checkpoints of ``config`` are restored into."""
     try:
-        from tianji_jax.run_files import state_template as template
+        from tianji_jax.run.run_files import state_template as template
     except ImportError:  # before training.py was split into modules
         from tianji_jax.training import _state_template as template
     return template(config)

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.checkpoint import CheckpointError, RunCheckpointer
-from tianji_jax import checkpoint_verify
-from tianji_jax.checkpoint_digests import DIGESTS_FILE, check_file_digests
-from tianji_jax.checkpoint_verify import host_leaf_checksums, leaf_checksums
+from tianji_jax.checkpoint.core import CheckpointError, RunCheckpointer
+from tianji_jax.checkpoint import verify as checkpoint_verify
+from tianji_jax.checkpoint.digests import DIGESTS_FILE, check_file_digests
+from tianji_jax.checkpoint.verify import host_leaf_checksums, leaf_checksums
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,7 @@ import pytest
 import tianji_jax
 import tianji_jax.training
 from tianji_jax import PPOConfig
-from tianji_jax.cli import main
+from tianji_jax.cli.commands import main
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -181,7 +181,7 @@ def test_defaults_match_python_api(no_training):
 # ---- end to end -----------------------------------------------------------------------------------
 def test_end_to_end_run_directory(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tianji_jax.cli", "train", "--env", "gymnax:CartPole-v1",
+    cmd = [sys.executable, "-m", "tianji_jax.cli.commands", "train", "--env", "gymnax:CartPole-v1",
            "--total-env-steps", "4096", "--eval-every-env-steps", "2048", "--run-dir", str(run_dir),
            "--progress", "False"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -240,7 +240,7 @@ def test_cpu_devices_follow_the_flags_whole_floats_and_a_resumed_run(tmp_path, m
 
     import jax
 
-    from tianji_jax import cli
+    from tianji_jax.cli import commands as cli
 
     asked: list = []
     monkeypatch.setattr(jax.config, "update", lambda name, value: asked.append((name, value)))
@@ -261,7 +261,7 @@ def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(
     import dataclasses
 
     from tianji_jax.algos import registry
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     @dataclasses.dataclass(frozen=True)
     class NoMultiHost:
@@ -278,7 +278,7 @@ def test_num_processes_for_an_algorithm_without_multi_host_learners_is_one_line(
 
 def test_num_processes_for_dqn_reaches_the_config_check(capsys):
     """DQN has multi-host learners on the async runtime: with the default runtime the config names it."""
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     assert main(["train", "--algo", "dqn", "--num-processes", "2", "--coordinator", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -321,8 +321,8 @@ def test_good_choice_values_still_parse(tmp_path, capsys, no_training):
 
 
 def test_choice_flags_come_from_the_field_types():
-    from tianji_jax.cli import _args_type
-    from tianji_jax.cli_argv import choice_flags
+    from tianji_jax.cli.commands import _args_type
+    from tianji_jax.cli.argv import choice_flags
 
     dqn = choice_flags(_args_type("dqn"))
     assert dqn["--distributional"] == ("--distributional", "distributional", ("none", "c51", "qr"))
@@ -351,7 +351,7 @@ def test_the_summary_line_says_what_is_missing_instead_of_nan():
     training episode ended (never ``nan``)."""
     from types import SimpleNamespace
 
-    from tianji_jax.run_status import summary_line
+    from tianji_jax.run.run_status import summary_line
 
     nan = float("nan")
 

@@ -455,7 +455,7 @@ def test_async_only_fields_are_refused_under_anakin(field, value):
 def test_compile_keys_are_derived_from_the_field_groups(cls):
     """Every field of the run / tianji / layout groups is reset by the compile key (one for every
     algorithm), every other field enters it; the async-only check covers exactly the tianji group."""
-    from tianji_jax.config_base import FIELD_GROUPS, fields_in, not_compiled
+    from tianji_jax.algos.config_base import FIELD_GROUPS, fields_in, not_compiled
     from tianji_jax.runtime.anakin import compile_key as key
 
     import tianji_jax as tj

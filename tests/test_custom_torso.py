@@ -87,7 +87,7 @@ def test_unusable_torsos_are_refused_in_one_line_before_training(torso, match):
 def test_cli_trains_resumes_and_evaluates_a_user_torso(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     run = tmp_path / "run"
-    cli = [sys.executable, "-m", "tianji_jax.cli"]
+    cli = [sys.executable, "-m", "tianji_jax.cli.commands"]
     base = ["--env", MINATAR, "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
             "--update-epochs", "1", "--eval-every-env-steps", "128", "--eval-episodes", "1", "--progress", "False",
             "--torso", "custom_torsos:two_conv"]
@@ -95,7 +95,7 @@ def test_cli_trains_resumes_and_evaluates_a_user_torso(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     # a run that names code: refused in one line naming the flag, and the module is never imported
-    probe = ("import sys, tianji_jax.cli as c; code = c.main(sys.argv[1:]); "
+    probe = ("import sys, tianji_jax.cli.commands as c; code = c.main(sys.argv[1:]); "
              "print('imported' if 'custom_torsos' in sys.modules else 'not imported'); sys.exit(code)")
     for argv in (["train", "--resume", str(run)], ["eval", str(run)]):
         refused = subprocess.run([sys.executable, "-c", probe, *argv], env=env, capture_output=True, text=True,

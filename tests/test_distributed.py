@@ -27,7 +27,7 @@ from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
 pytestmark = pytest.mark.timeout(240)
 
-CLI = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from tianji_jax.cli.commands import main; sys.exit(main(sys.argv[1:]))"
 SMALL = ["--runtime", "async", "--num-envs", "4", "--num-steps", "16", "--update-epochs", "2", "--num-minibatches",
          "1", "--eval-episodes", "0", "--progress", "False", "--tensorboard", "False"]
 
@@ -288,7 +288,7 @@ def test_async_ppo_refuses_a_job_it_has_not_joined():
 
 
 def test_cli_rejects_bad_launch_flags(capsys):
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     assert main(["train", "--runtime", "async", "--num-processes", "2", "--process-id", "0"]) == 2
     assert "needs --coordinator" in capsys.readouterr().err
@@ -399,8 +399,8 @@ def test_two_process_sync_run_resumes_bit_exactly_from_its_consistent_cut(tmp_pa
     process 1's part with its own actors), then both processes resumed through the CLI. Every
     update's params digest, the final params, the final cut (learner, both processes' actors and
     counters) and the metrics rows equal run A's."""
-    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
-    from tianji_jax.checkpoint_io import load_process_part, part_path
+    import tianji_jax.checkpoint.core  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint.io import load_process_part, part_path
 
     full, cut = tmp_path / "A", tmp_path / "B"
     a = _train_workers(tmp_path, full, "CartPole-v1", 0)
@@ -440,8 +440,8 @@ def test_two_process_host_env_run_resumes_and_continues(tmp_path):
     """Host (envpool) actors keep no state: each process re-seeds its envs on resume (its own seed),
     restores its own queue counters from its part and the run continues to the end with identical
     replicas."""
-    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
-    from tianji_jax.checkpoint_io import load_process_part
+    import tianji_jax.checkpoint.core  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint.io import load_process_part
 
     run = tmp_path / "run"
     _train_workers(tmp_path, run, "envpool:CartPole-v1", 1)
@@ -466,8 +466,8 @@ def test_two_process_replay_run_resumes_bit_exactly_with_every_process_replay(tm
     ``train`` raises ``PeerStoppedError``; neither process hangs) and resumed through the CLI. Every block's params digest after the resume, the final
     params, the final cut (learner, both processes' actors and replay shards and counters) and the
     rows equal run A's."""
-    import tianji_jax.checkpoint  # noqa: F401 - loads checkpoint_io (which imports it)
-    from tianji_jax.checkpoint_io import load_process_part, part_path
+    import tianji_jax.checkpoint.core  # noqa: F401 - loads checkpoint_io (which imports it)
+    from tianji_jax.checkpoint.io import load_process_part, part_path
 
     full, cut = tmp_path / "A", tmp_path / "B"
     a = _train_workers(tmp_path, full, "CartPole-v1", 0, "dqn")
@@ -703,7 +703,7 @@ def test_a_job_on_one_machine_listens_on_the_loopback_interface_only(tmp_path, h
 
 
 def test_loopback_coordinators_are_recognised():
-    from tianji_jax.config_checks import loopback_ip
+    from tianji_jax.algos.config_checks import loopback_ip
 
     assert [loopback_ip(h) for h in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]")] == \
         ["127.0.0.1", "127.1.2.3", "127.0.0.1", "::1", "::1"]

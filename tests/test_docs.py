@@ -39,14 +39,16 @@ BLOCKS_TIMEOUT_S = 420
 """Limit for running every code block (seconds); 25-30 s on 2 idle cores."""
 
 REQUIRED_MODULES = (
-    "tianji_jax", "tianji_jax.config", "tianji_jax.training", "tianji_jax.results", "tianji_jax.sweep",
-    "tianji_jax.evaluation", "tianji_jax.caches", "tianji_jax.capabilities", "tianji_jax.envs",
+    "tianji_jax", "tianji_jax.config", "tianji_jax.training", "tianji_jax.run.results", "tianji_jax.sweep",
+    "tianji_jax.run.evaluation", "tianji_jax.caches", "tianji_jax.algos.capabilities", "tianji_jax.envs",
     "tianji_jax.envs.wrappers", "tianji_jax.envs.host", "tianji_jax.envs.suites", "tianji_jax.envs.brax_env",
     "tianji_jax.algos.registry", "tianji_jax.algos.on_policy", "tianji_jax.algos.replay_agent",
     "tianji_jax.algos.on_policy_config", "tianji_jax.algos.replay_config", "tianji_jax.algos.guard",
-    "tianji_jax.networks", "tianji_jax.runtime.anakin", "tianji_jax.runtime.async_runtime",
-    "tianji_jax.runtime.distributed", "tianji_jax.runtime.ray_actors", "tianji_jax.checkpoint",
-    "tianji_jax.buffers", "tianji_jax.rate_limiter", "tianji_jax.replay",
+    "tianji_jax.nets.networks", "tianji_jax.runtime.anakin", "tianji_jax.runtime.async_runtime",
+    "tianji_jax.runtime.distributed", "tianji_jax.runtime.ray_actors", "tianji_jax.checkpoint.core",
+    "tianji_jax.buffers.queues", "tianji_jax.buffers.rate_limiter", "tianji_jax.buffers.replay",
+    "tianji_jax.buffers", "tianji_jax.nets", "tianji_jax.run", "tianji_jax.checkpoint", "tianji_jax.cli",
+    "tianji_jax.checkpoint.config", "tianji_jax.algos.config_file", "tianji_jax.compat",
 )
 """Modules users import from; the reference must render each (and then every name of its ``__all__``)."""
 

@@ -70,7 +70,7 @@ def test_every_public_item_has_a_docstring():
 
 def test_the_check_sees_a_missing_docstring(monkeypatch):
     """The walk must actually reach methods: blank one out and it is reported."""
-    from tianji_jax.rate_limiter import RateLimiter
+    from tianji_jax.buffers.rate_limiter import RateLimiter
 
     monkeypatch.setattr(RateLimiter.can_sample, "__doc__", None)
-    assert _undocumented() == ["tianji_jax.rate_limiter.RateLimiter.can_sample"]
+    assert _undocumented() == ["tianji_jax.buffers.rate_limiter.RateLimiter.can_sample"]

@@ -16,9 +16,9 @@ import pytest
 from gymnax.environments.classic_control.cartpole import CartPole, EnvParams
 
 import tianji_jax as tj
-from tianji_jax import replay
-from tianji_jax.cli import main
-from tianji_jax.networks import QNetwork
+from tianji_jax.buffers import replay
+from tianji_jax.cli.commands import main
+from tianji_jax.nets.networks import QNetwork
 
 pytestmark = pytest.mark.timeout(300)
 

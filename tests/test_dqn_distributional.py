@@ -15,7 +15,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.algos.dqn.distributional import (c51_support, categorical_projection, distributional_loss,
                                                  quantile_huber_loss, quantile_midpoints)
-from tianji_jax.networks import QNetwork
+from tianji_jax.nets.networks import QNetwork
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dqn_settings import CARTPOLE_FAST  # noqa: E402

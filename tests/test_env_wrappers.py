@@ -244,7 +244,7 @@ def test_frame_stack_minatar_shape_and_resolve():
     state, obs = jax.jit(GymnaxVecEnv(spec, 2).reset)(jax.random.PRNGKey(0))
     assert obs.shape == (2, 10, 10, 16)
     assert not np.asarray(obs[..., :12]).any() and np.asarray(obs[..., 12:]).any()
-    from tianji_jax.networks import choose_torso
+    from tianji_jax.nets.networks import choose_torso
 
     assert choose_torso(spec.observation_shape) == "small_cnn"   # read as channels-last
 

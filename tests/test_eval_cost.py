@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax import host_loop
-from tianji_jax.run_status import eval_cost
+from tianji_jax.run import host_loop
+from tianji_jax.run.run_status import eval_cost
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,7 +50,7 @@ def _summary(err: str) -> str:
 def test_column_sits_after_eval_return_std_and_is_documented():
     import inspect
 
-    import tianji_jax.results as results
+    import tianji_jax.run.results as results
 
     cols = tj.METRIC_COLUMNS
     assert cols[cols.index("eval_return_std") + 1] == "eval_env_steps"

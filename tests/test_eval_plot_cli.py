@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.cli import main
-from tianji_jax.logging import CSVLogger, MetricsSink, TensorBoardLogger
-from tianji_jax.plotting import LAG_TITLE, RETURN_TITLE_STEPS, RETURN_TITLE_TIME, plot_runs, return_lines
+from tianji_jax.cli.commands import main
+from tianji_jax.run.logging import CSVLogger, MetricsSink, TensorBoardLogger
+from tianji_jax.run.plotting import LAG_TITLE, RETURN_TITLE_STEPS, RETURN_TITLE_TIME, plot_runs, return_lines
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -67,7 +67,7 @@ def test_disk_full_during_a_save_stops_with_one_line_and_resumes(tmp_path, mode)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode != 0
     last = err.strip().splitlines()[-1]
-    assert last.startswith("tianji_jax.checkpoint.CheckpointSaveError: checkpoint at env step 12288 could not be "
+    assert last.startswith("tianji_jax.checkpoint.core.CheckpointSaveError: checkpoint at env step 12288 could not be "
                            "written: OSError: [Errno 28] No space left on device"), err[-2000:]
     assert f"last complete checkpoint: {run_dir.resolve() / 'checkpoints' / '8192'}" in last
     # orbax's writer threads print nothing of their own: the only traceback is the one of the raise

@@ -1,4 +1,4 @@
-"""Frame-deduplicated replay (tianji_jax.frame_replay): stacks rebuilt exactly, boundaries, memory.
+"""Frame-deduplicated replay (tianji_jax.buffers.frame_replay): stacks rebuilt exactly, boundaries, memory.
 
 Observers are independent of the mechanism: a synthetic frame-stacking env (numpy) gives every
 frame a unique id (env, step) encoded in its bytes and keeps, per step, the stacked observation it
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tianji_jax import frame_replay, replay
+from tianji_jax.buffers import frame_replay, replay
 from tianji_jax.algos.dqn import Transition
 
 pytestmark = pytest.mark.timeout(180)

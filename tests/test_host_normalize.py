@@ -151,7 +151,7 @@ def test_two_actors_act_with_the_merged_statistics_of_every_produced_observation
 @pytest.mark.timeout(420)
 def test_statistics_are_checkpointed_restored_exactly_and_frozen_in_evaluation(tmp_path):
     """Budget: a run stopped after 4 of 6 updates, its resume and two evaluations, ~60 s."""
-    from tianji_jax import host_loop
+    from tianji_jax.run import host_loop
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
 
     run_dir = tmp_path / "run"

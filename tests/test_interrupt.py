@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.mark.parametrize("runtime", ["anakin", "async"])
 def test_sigint_stops_training_cleanly(tmp_path, runtime):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tianji_jax.cli", "train", "--runtime", runtime, "--total-env-steps", "50000000",
+    cmd = [sys.executable, "-m", "tianji_jax.cli.commands", "train", "--runtime", runtime, "--total-env-steps", "50000000",
            "--num-envs", "4", "--num-steps", "32", "--eval-every-env-steps", "1024", "--eval-episodes", "1",
            "--run-dir", str(run_dir), "--progress", "False", "--tensorboard", "False"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -58,15 +58,15 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_same_command_runs_again(tmp_path, monkeypatch, capsys):
     """No false advice: nothing to resume is said as such, and the directory (config files, a
     header-only metrics.csv, an empty checkpoints/) is taken again by the same command."""
-    import tianji_jax.host_loop
-    from tianji_jax.cli import main
+    import tianji_jax.run.host_loop
+    from tianji_jax.cli.commands import main
 
     def interrupted(*_args, **_kwargs):  # Ctrl-C during the first compiled chunk
         raise KeyboardInterrupt
 
     run_dir = tmp_path / "run"
     argv = ["train", "--run-dir", str(run_dir), *TINY]
-    monkeypatch.setattr(tianji_jax.host_loop, "run_anakin", interrupted)
+    monkeypatch.setattr(tianji_jax.run.host_loop, "run_anakin", interrupted)
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "tianji train: interrupted" in err and "before the first checkpoint" in err, err
@@ -82,7 +82,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_same_command_runs_ag
 
 def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     import tianji_jax as tj
-    from tianji_jax.run_status import check_new_run_dir, interrupt_message
+    from tianji_jax.run.run_status import check_new_run_dir, interrupt_message
 
     config = tj.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, total_env_steps=256)
     header = ",".join(tj.METRIC_COLUMNS) + "\n"
@@ -112,7 +112,7 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
     assert "cannot be resumed" in msg and "new directory" in msg and "--resume" not in msg
     assert f"tianji train --resume {ckpt})" in interrupt_message(ckpt)
     # a run that cannot be resumed (learner groups, no replay in its checkpoints) says what it really kept and why
-    from tianji_jax.run_status import resume_hint
+    from tianji_jax.run.run_status import resume_hint
 
     groups = tj.PPOConfig(runtime="async", num_learner_groups=2, num_actors=2, num_envs=4, num_steps=16,
                           total_env_steps=4096)
@@ -131,7 +131,7 @@ def test_a_directory_with_rows_or_checkpoints_is_still_refused(tmp_path):
 def test_a_directory_of_the_users_own_files_is_never_overwritten(tmp_path):
     import tianji_jax as tj
 
-    from tianji_jax.run_status import check_new_run_dir
+    from tianji_jax.run.run_status import check_new_run_dir
 
     own = tmp_path / "proj"
     own.mkdir()
@@ -154,7 +154,7 @@ def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_row():
     Python reports as "ignored") still stops ``tianji train``: the latch's per-row check raises it.
     The previous SIGINT handler comes back afterwards."""
     import tianji_jax as tj
-    from tianji_jax.run_status import SigintLatch
+    from tianji_jax.run.run_status import SigintLatch
 
     previous = signal.getsignal(signal.SIGINT)
     rows = []
@@ -177,7 +177,7 @@ def test_ctrl_c_inside_a_gc_callback_is_latched_without_an_ignored_traceback():
     import gc
     import sys
 
-    from tianji_jax.run_status import SigintLatch
+    from tianji_jax.run.run_status import SigintLatch
 
     unraisable = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append

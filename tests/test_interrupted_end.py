@@ -30,7 +30,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     import tianji_jax as tj
-    from tianji_jax import host_loop, run_files
+    from tianji_jax.run import host_loop, run_files
     from orbax.checkpoint._src.path import atomicity
 
     config, run_dir, point, final = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -110,7 +110,7 @@ def test_an_interrupted_end_of_a_run_is_completed_by_resume(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(_params(marker), expected))
 
     run = tmp_path / "during_final_params"
-    cli = subprocess.run([sys.executable, "-m", "tianji_jax.cli", "train", "--resume", str(run)], capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "tianji_jax.cli.commands", "train", "--resume", str(run)], capture_output=True,
                          text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert cli.returncode == 0, cli.stderr[-3000:]
     said = [ln for ln in cli.stderr.splitlines() if "final params were missing or incomplete" in ln]

@@ -31,7 +31,7 @@ import tianji_jax as tj
 from tianji_jax.algos import distributions
 from tianji_jax.algos.ppo.math import PPOBatch, ppo_loss
 from tianji_jax.algos.registry import agent_class_for
-from tianji_jax.cli import main
+from tianji_jax.cli.commands import main
 from tianji_jax.envs.spaces import MultiDiscrete
 from tianji_jax.envs.suites import flatten_action, unflatten_action
 
@@ -278,7 +278,7 @@ def test_what_cannot_take_a_multi_discrete_space_is_refused():
         from_gymnasium_space(gymnasium.spaces.MultiDiscrete([3, 4]))
     with pytest.raises(ValueError, match=r"nvec=\[3, 0\]"):
         MultiDiscrete((3, 0))
-    from tianji_jax import capabilities
+    from tianji_jax.algos import capabilities
 
     text = capabilities.markdown()
     assert "MultiDiscrete action spaces (`jumanji:RubiksCube-v0`): ppo only" in text

@@ -185,7 +185,7 @@ def test_ppo_finite_run_has_zero_skips():
 
 def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, capsys):
     """Budget: about 10 s."""
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     code = main(["train", "--env", "gymnax:Pendulum-v1", "--learning-rate", "10", "--total-env-steps", "16384",
                  "--num-envs", "8", "--eval-every-env-steps", "2048", "--eval-episodes", "1",

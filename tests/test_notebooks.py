@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError
 
-from tianji_jax.plotting import LAG_TITLE, RETURN_TITLE_STEPS
+from tianji_jax.run.plotting import LAG_TITLE, RETURN_TITLE_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"

@@ -10,7 +10,7 @@ from scipy import stats
 from tianji_jax.algos import distributions
 from tianji_jax.algos.normalization import RewardScaler, RunningMeanStd
 from tianji_jax.algos.ppo import PPOBatch, make_optimizer, ppo_loss, ppo_update
-from tianji_jax.networks import ActorCritic
+from tianji_jax.nets.networks import ActorCritic
 
 pytestmark = pytest.mark.timeout(180)
 

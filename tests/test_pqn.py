@@ -24,7 +24,7 @@ SMALL = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, eval_
 def test_registered_with_its_agent_and_generic_runtime():
     algo = registry.get_algorithm("pqn")
     assert algo.data_path == "on_policy" and "pqn" in tj.algorithm_names()
-    assert algo.train == "tianji_jax.host_on_policy:train_on_policy"  # the generic ones, not PQN's own
+    assert algo.train == "tianji_jax.run.host_on_policy:train_on_policy"  # the generic ones, not PQN's own
     assert algo.host_actor == "tianji_jax.runtime.host_actor:on_policy_host_actor"
     text = tj.PQNConfig().describe()
     assert text.startswith("PQN on CartPole-v1") and "LayerNorm" in text and "lambda=0.95" in text
@@ -84,7 +84,7 @@ def test_async_sync_equals_anakin_and_anakin_resumes_exactly(tmp_path):
 
 def test_cli_trains_and_evaluates_pqn(tmp_path):
     run = tmp_path / "run"
-    cli = [sys.executable, "-m", "tianji_jax.cli"]
+    cli = [sys.executable, "-m", "tianji_jax.cli.commands"]
     proc = subprocess.run([*cli, "train", "--algo", "pqn", "--num-envs", "4", "--num-steps", "16",
                            "--num-minibatches", "2", "--total-env-steps", "256", "--eval-every-env-steps", "128",
                            "--eval-episodes", "1", "--q-lambda", "0.9", "--run-dir", str(run), "--progress", "False"],

@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from tianji_jax.algos.pqn import PQNBatch, epsilon_at, epsilon_greedy, pqn_loss, pqn_update, q_lambda_returns
-from tianji_jax.networks import QNetwork
+from tianji_jax.nets.networks import QNetwork
 
 pytestmark = pytest.mark.timeout(180)
 

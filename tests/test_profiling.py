@@ -13,8 +13,8 @@ import time
 import pytest
 
 import tianji_jax as tj
-from tianji_jax import profiling
-from tianji_jax.cli import main
+from tianji_jax.run import profiling
+from tianji_jax.cli.commands import main
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +41,7 @@ def test_cli_profile_writes_trace_and_timers(tmp_path):
     # in a child process: the profiler session's native state (its gRPC/abseil runtime) must not
     # stay in the test process, which later hosts a Ray driver (a segfault was seen in CI)
     run_dir = tmp_path / "run"
-    code = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tianji_jax.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, "train", *SMALL, "--run-dir", str(run_dir),
                            "--profile", "True"], capture_output=True, text=True, timeout=400)
@@ -84,7 +84,7 @@ def test_cli_profile_writes_trace_and_timers(tmp_path):
 _WINDOW_CHILD = """
 import json, sys, time
 import jax, jax.numpy as jnp
-from tianji_jax.profiling import profile_run
+from tianji_jax.run.profiling import profile_run
 f = jax.jit(lambda x: jnp.tanh(x @ x))
 with profile_run(sys.argv[1], trace_window_s=0.5) as timers:
     x = jnp.ones((64, 64))

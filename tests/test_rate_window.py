@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tianji_jax import host_loop
+from tianji_jax.run import host_loop
 
 
 class _FakeRunner:

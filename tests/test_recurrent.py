@@ -13,8 +13,8 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.algos.on_policy import RECURRENT_TRAJECTORY_KEYS, TRAJECTORY_KEYS
-from tianji_jax.evaluation import make_recurrent_evaluate
-from tianji_jax.recurrent import RecurrentActorCritic, initial_carry, reset_carry
+from tianji_jax.run.evaluation import make_recurrent_evaluate
+from tianji_jax.nets.recurrent import RecurrentActorCritic, initial_carry, reset_carry
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.algos.on_policy import RECURRENT_TRAJECTORY_KEYS, TRAJECTORY_KEYS
 from tianji_jax.algos.pqn.config import PQNConfig
-from tianji_jax.recurrent import RecurrentQNetwork, initial_carry
+from tianji_jax.nets.recurrent import RecurrentQNetwork, initial_carry
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -25,13 +25,13 @@ CALLS: list[str] = []
 
 def _train(config, **kw):
     CALLS.append("train")
-    from tianji_jax.host_on_policy import train_on_policy
+    from tianji_jax.run.host_on_policy import train_on_policy
 
     return train_on_policy(config, **kw)
 
 
 USER = tj.Algorithm(name="logged_ppo", config=LoggedPPOConfig, data_path="on_policy", train=_train,
-                    evaluate="tianji_jax.host_on_policy:evaluate_on_policy", description="PPO, logged")
+                    evaluate="tianji_jax.run.host_on_policy:evaluate_on_policy", description="PPO, logged")
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_user_algorithm_trains_evaluates_and_round_trips_its_config(user_algo, t
 
 
 def test_cli_lists_a_registered_algorithms_options(user_algo, capsys):
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     assert main(["train", "--algo", "logged_ppo", "--help"]) == 0
     assert "--clip-eps" in capsys.readouterr().out
@@ -167,7 +167,7 @@ def test_a_user_on_policy_algorithm_is_one_registration(tmp_path):
                         description="PQN with a softmax behaviour policy")
     tj.register_algorithm(algo)
     try:
-        assert algo.train == "tianji_jax.host_on_policy:train_on_policy"
+        assert algo.train == "tianji_jax.run.host_on_policy:train_on_policy"
         config = SoftPQNConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_env_steps=256,
                                eval_every_env_steps=128, eval_episodes=2, temperature=0.5)
         result = tj.train(config, run_dir=tmp_path / "run", progress=False)

@@ -1,4 +1,4 @@
-"""Replay buffer (tianji_jax.replay): layout, stamps, sampling laws, donation, memory checks.
+"""Replay buffer (tianji_jax.buffers.replay): layout, stamps, sampling laws, donation, memory checks.
 
 Observers are independent of the mechanism: every inserted item carries its own insert counter
 and version in its payload (written by the test), and a plain-Python model of a circular buffer
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from tianji_jax import replay, sum_tree
+from tianji_jax.buffers import replay, sum_tree
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -283,7 +283,7 @@ def test_argument_validation_names_the_field():
 
 
 # ------------------------------------------------------------------------------------------------
-# sum-tree (tianji_jax.sum_tree): exactness, duplicates, inverse CDF, stratification
+# sum-tree (tianji_jax.buffers.sum_tree): exactness, duplicates, inverse CDF, stratification
 # ------------------------------------------------------------------------------------------------
 _tree_update_j = jax.jit(sum_tree.update)
 _tree_find_j = jax.jit(sum_tree.find)

@@ -29,7 +29,7 @@ class _Stop(Exception):
 def test_registered_with_its_agent_and_the_generic_replay_runtime():
     algo = registry.get_algorithm("sac")
     assert algo.data_path == "replay" and "sac" in tj.algorithm_names()
-    assert algo.train == "tianji_jax.host_replay:train_replay"  # the generic ones, not SAC's own
+    assert algo.train == "tianji_jax.run.host_replay:train_replay"  # the generic ones, not SAC's own
     assert algo.host_actor == "tianji_jax.runtime.replay_host:replay_host_actor"
     text = tj.SACConfig().describe()
     assert text.startswith("SAC (1-step) on Pendulum-v1") and "towards entropy -1" in text
@@ -138,7 +138,7 @@ def test_host_actors_on_envpool_pendulum(tmp_path):
 
 def test_cli_trains_and_evaluates_sac(tmp_path):
     run = tmp_path / "run"
-    cli = [sys.executable, "-m", "tianji_jax.cli"]
+    cli = [sys.executable, "-m", "tianji_jax.cli.commands"]
     proc = subprocess.run([*cli, "train", "--algo", "sac", "--num-envs", "4", "--learning-starts", "64",
                            "--batch-size", "32", "--replay-ratio", "0.25", "--hidden-sizes", "32", "32",
                            "--total-env-steps", "200", "--eval-every-env-steps", "100", "--eval-episodes", "1",

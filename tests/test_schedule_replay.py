@@ -13,7 +13,7 @@ import pytest
 
 from tianji_jax.runtime.async_runtime import AsyncRunner
 from tianji_jax.runtime.scheduled import ScheduledRunner, VersionedParamStore
-from tianji_jax.schedule_file import FORMAT, ScheduleRecorder, load_schedule
+from tianji_jax.buffers.schedule_file import FORMAT, ScheduleRecorder, load_schedule
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.algos.registry import agent_class_for
-from tianji_jax.cli import main
+from tianji_jax.cli.commands import main
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv
 from tianji_jax.envs.suites import MASKED, SuiteEnv, action_mask, masked, random_allowed
 

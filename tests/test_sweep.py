@@ -117,7 +117,7 @@ def test_async_configs_and_unregistered_fields_are_refused():
 
 
 def test_cli_sweep_writes_the_table_and_refuses_bad_grids(tmp_path, capsys):
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     out = tmp_path / "new" / "sweep.csv"  # its directory is made (before training), as tianji plot does
     assert main(["sweep", "--grid", "learning_rate=1e-3,3e-4", "--seeds", "0,1", "--num-envs", "4", "--num-steps",
@@ -159,7 +159,7 @@ def test_misplaced_grid_entries_are_named(grid, seeds, match):
 
 
 def test_cli_sweep_names_a_bad_choice_in_one_line(capsys):
-    from tianji_jax.cli import main
+    from tianji_jax.cli.commands import main
 
     assert main(["sweep", "--algo", "dqn", "--grid", "learning_rate=1e-3", "--distributional", "foo"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.networks import ActorCritic, QNetwork, SmallCNN, check_network, choose_torso
+from tianji_jax.nets.networks import ActorCritic, QNetwork, SmallCNN, check_network, choose_torso
 
 
 @pytest.mark.parametrize("shape,torso", [((4,), "mlp"), ((4, 84, 84), "nature_cnn"), ((10, 10, 4), "small_cnn"),

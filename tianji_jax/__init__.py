@@ -15,9 +15,13 @@ from tianji_jax.caches import cache_dir, clear_caches, enable_persistent_cache, 
 pin_cpu_collective_schedule()
 enable_persistent_cache()
 
+from tianji_jax import compat
+
+compat.install()  # the module paths that moved stay importable, as aliases of the new ones
+
 from tianji_jax.algos.registry import Algorithm, algorithm_names, register_algorithm
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, PQNConfig, SACConfig, load_config
-from tianji_jax.evaluation import EvalResult
+from tianji_jax.run.evaluation import EvalResult
 from tianji_jax.runtime.anakin import OnPolicyAnakin, OnPolicyTrainState, PPOAnakin, PPOTrainState, make_train
 from tianji_jax.runtime.anakin import DQNAnakin, DQNTrainState, ReplayAnakin, ReplayTrainState, make_dqn_train
 from tianji_jax.training import METRIC_COLUMNS, LoadedRun, TrainResult, evaluate, load, load_params, train

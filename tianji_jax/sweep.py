@@ -64,7 +64,7 @@ class SweepResult:
         curves: column -> ``(M, rows)`` float64 array, one row per chunk (NaN where a member had
             stopped): ``env_steps``, ``episode_return_mean``, ``eval_return_mean``,
             ``eval_return_std`` and the algorithm's loss columns (names of
-            :data:`~tianji_jax.results.METRIC_COLUMNS`).
+            :data:`~tianji_jax.run.results.METRIC_COLUMNS`).
         params: the members' final params, stacked on a leading axis ``M``.
         state: the members' final train states, stacked on a leading axis ``M``.
         stopped: ``(M,)`` bool, members that reached ``stop_at_return``.
@@ -217,8 +217,8 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] |
     import sys
 
     from tianji_jax.algos.registry import agent_class_for, algorithm_for
-    from tianji_jax.host_on_policy import on_policy_row
-    from tianji_jax.host_replay import replay_row
+    from tianji_jax.run.host_on_policy import on_policy_row
+    from tianji_jax.run.host_replay import replay_row
     from tianji_jax.runtime.anakin import OnPolicyAnakin, ReplayAnakin, compile_key, host_metrics, shared_train
 
     names, members = _check(config, grid, seeds)
@@ -247,11 +247,11 @@ def sweep(config: Any, grid: Mapping[str, Sequence[Any]], seeds: Sequence[int] |
         init, chunk = _PROGRAMS[program_key]
     single = shared_train(config)  # the members' evaluator (the policy's form does not depend on traced fields)
     if on_policy:
-        from tianji_jax.host_on_policy import on_policy_evaluator
+        from tianji_jax.run.host_on_policy import on_policy_evaluator
 
         evaluate = on_policy_evaluator(config, single, config.eval_episodes) if config.eval_episodes else None
     else:
-        from tianji_jax.host_replay import replay_evaluator
+        from tianji_jax.run.host_replay import replay_evaluator
 
         evaluate = replay_evaluator(config, config.eval_episodes) if config.eval_episodes else None
     batched_eval = None

@@ -1,8 +1,8 @@
 """The public training API: :func:`train`, :func:`evaluate`, :func:`load`, :func:`load_params` and
 what they return (:class:`TrainResult`, :class:`LoadedRun`, :data:`METRIC_COLUMNS`, defined in
-:mod:`tianji_jax.results`). The host loop behind :func:`train` is in :mod:`tianji_jax.host_loop`
-(shared by every algorithm and runtime), :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay`
-(each algorithm's rows and async loop); the run directory in :mod:`tianji_jax.run_files`."""
+:mod:`tianji_jax.run.results`). The host loop behind :func:`train` is in :mod:`tianji_jax.run.host_loop`
+(shared by every algorithm and runtime), :mod:`tianji_jax.run.host_on_policy` and :mod:`tianji_jax.run.host_replay`
+(each algorithm's rows and async loop); the run directory in :mod:`tianji_jax.run.run_files`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax import host_on_policy, host_replay  # noqa: F401 - re-exported for callers
+from tianji_jax.run import host_on_policy, host_replay  # noqa: F401 - re-exported for callers
 from tianji_jax.algos.registry import algorithm_for
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, UntrustedCodeError, load_config
-from tianji_jax.evaluation import EvalResult
-from tianji_jax.host_loop import async_restore as _async_restore  # noqa: F401  (imported from here by tests)
-from tianji_jax.host_loop import final_params_complete
-from tianji_jax.results import METRIC_COLUMNS, LoadedRun, TrainResult
-from tianji_jax.run_files import state_template, unstack_actors
-from tianji_jax.run_status import check_new_run_dir, report_end
+from tianji_jax.run.evaluation import EvalResult
+from tianji_jax.run.host_loop import async_restore as _async_restore  # noqa: F401  (imported from here by tests)
+from tianji_jax.run.host_loop import final_params_complete
+from tianji_jax.run.results import METRIC_COLUMNS, LoadedRun, TrainResult
+from tianji_jax.run.run_files import state_template, unstack_actors
+from tianji_jax.run.run_status import check_new_run_dir, report_end
 from tianji_jax.runtime.anakin import PPOTrainState, shared_train as make_train
-from tianji_jax.state_check import check_params_match, check_state_kind
+from tianji_jax.checkpoint.state_check import check_params_match, check_state_kind
 
 __all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
 
@@ -40,7 +40,7 @@ def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10,
         seed: seed of the evaluation envs' PRNG key, in [0, 2**32).
 
     Returns:
-        An :class:`~tianji_jax.evaluation.EvalResult`: a dict with keys ``"returns"`` (float64) and
+        An :class:`~tianji_jax.run.evaluation.EvalResult`: a dict with keys ``"returns"`` (float64) and
         ``"lengths"`` (int64), each shaped ``(M,)``, and ``mean`` / ``std`` properties.
 
     Raises:
@@ -85,7 +85,7 @@ def train(
     greedy-policy evaluation, the same run-directory files with ``"algo": "dqn"`` in ``config.json``;
     its rows fill the DQN columns of :data:`METRIC_COLUMNS`.
 
-    Checkpoints (:mod:`tianji_jax.checkpoint`): with a ``run_dir``, the whole train state is saved
+    Checkpoints (:mod:`tianji_jax.checkpoint.core`): with a ``run_dir``, the whole train state is saved
     to ``run_dir/checkpoints/<env_steps>/`` after chunks as ``checkpoint`` says (default: every
     chunk) and after the last one, asynchronously. ``resume=True`` continues the run in ``run_dir``
     from its latest complete checkpoint: ``metrics.csv`` is rewritten with the checkpoint's rows and
@@ -93,7 +93,7 @@ def train(
     metrics (all but the timing columns) of an uninterrupted run. A corrupt newest checkpoint
     (unreadable, or failing its checksums) is skipped with one line on stderr; resuming from an
     older one continues in a new directory, ``<run_dir>-from-<step>``, leaving ``run_dir`` as it is
-    (:mod:`tianji_jax.checkpoint_verify`; the result's ``run_dir`` names it).
+    (:mod:`tianji_jax.checkpoint.verify`; the result's ``run_dir`` names it).
 
     Async runs checkpoint a consistent cut taken in the learner thread right after a publication:
     the learner state of version ``v`` (params, optimizer state, key, version), each gymnax
@@ -138,7 +138,7 @@ def train(
         profile: write a ``jax.profiler`` trace of the call and ``timers.json`` (seconds per host-loop
             phase: compiled chunks, evaluation, checkpoints, logging, compilation; the async
             runtime's per-phase columns summed) to ``run_dir/profile/``
-            (:mod:`tianji_jax.profiling`); needs ``run_dir``. Off by default: tracing costs time
+            (:mod:`tianji_jax.run.profiling`); needs ``run_dir``. Off by default: tracing costs time
             and disk.
         trust_code: with ``resume=True`` and no ``config``: allow importing the code the run's
             ``config.json`` names (a user torso ``"package.module:factory"``); a config passed
@@ -157,9 +157,9 @@ def train(
             without its replay buffer; :class:`~tianji_jax.config.UntrustedCodeError` (a
             ValueError): ``resume`` without ``config`` of a run whose config names code, without
             ``trust_code=True``.
-        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint, or (``resume``
+        tianji_jax.checkpoint.core.CheckpointError: ``run_dir`` holds no intact checkpoint, or (``resume``
             without ``config``) is not a run directory.
-        tianji_jax.checkpoint.ConfigMismatchError: ``config`` or the package versions differ from
+        tianji_jax.checkpoint.core.ConfigMismatchError: ``config`` or the package versions differ from
             the checkpoint's (the message names the fields).
         ImportError: ``wandb=True`` without the ``wandb`` package.
     """
@@ -167,7 +167,7 @@ def train(
         if run_dir is None:
             raise ValueError("resume=True needs run_dir (the directory of the run to continue)")
         if config is None:
-            from tianji_jax import checkpoint as ckpt
+            from tianji_jax.checkpoint import core as ckpt
 
             try:
                 config = load_config(run_dir, trust_code=trust_code)
@@ -203,7 +203,7 @@ def train(
     run = report_end(algo.train_fn())  # a summary line off a terminal
     if not profile:
         return run(config, **opts)
-    from tianji_jax.profiling import profile_run
+    from tianji_jax.run.profiling import profile_run
 
     with profile_run(run_dir) as timers:
         result = run(config, **opts)
@@ -273,13 +273,13 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
         A :class:`LoadedRun`; arrays are on the default device.
 
     Raises:
-        tianji_jax.checkpoint.CheckpointError: ``run_dir`` is not a run directory, holds no complete
+        tianji_jax.checkpoint.core.CheckpointError: ``run_dir`` is not a run directory, holds no complete
             checkpoint, has no checkpoint at ``step``, or the checkpoint (``step``, else every one)
             is corrupt (a one-line message; no orbax traceback).
         tianji_jax.config.UntrustedCodeError: (a ValueError) the run's config names code and
             ``trust_code`` is False (one line naming the field and ``trust_code=True``).
     """
-    from tianji_jax import checkpoint as ckpt
+    from tianji_jax.checkpoint import core as ckpt
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -295,7 +295,7 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
             raise
         except (ValueError, TypeError) as err:
             raise ckpt.CheckpointError(f"{run_dir / 'config.json'}: {err}") from None
-    from tianji_jax.checkpoint_verify import restore_newest_intact
+    from tianji_jax.checkpoint.verify import restore_newest_intact
 
     ckptr = ckpt.RunCheckpointer(run_dir, read_only=True)
     try:  # without a step: the newest intact checkpoint (a corrupt newer one is reported on stderr)

@@ -14,7 +14,7 @@ own virtual environment for the peers) and reports on stdout, one JSON object pe
 - ``CONV_UNSUPPORTED {"reason": str}``: the system cannot run this row (then exit code 3);
 - ``CONV_PROFILE {"startup_s", "process_s", "timers"}`` (tianji_jax, spec ``profile`` true only):
   seconds from ``t0`` to the start of training and to its end (the run stops at ``threshold``),
-  and the run's ``timers.json`` (:mod:`tianji_jax.profiling`).
+  and the run's ``timers.json`` (:mod:`tianji_jax.run.profiling`).
 
 The spec (a JSON object) has ``algo`` ("ppo" | "dqn"), ``env`` ("CartPole-v1" | "LunarLander"),
 ``seed`` (int), ``eval_every`` (env steps between evaluations), ``eval_episodes`` (int), ``t0``

@@ -51,7 +51,7 @@ Spec ``hp`` ``"brax"`` (``experiments/ppo_brax.py``, env ``inverted_pendulum``: 
 ``PPOConfig``'s fields (``BRAX_PPO`` below), Anakin or async ``sync``. Spec ``stop_at_return`` (any row):
 the run stops at its first evaluation at or above it (``PPOConfig.stop_at_return``).
 Evaluation time (the library's evaluator, its compilation included) is measured by wrapping the
-evaluator factories of :mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay` (looked up there by
+evaluator factories of :mod:`tianji_jax.run.host_on_policy` and :mod:`tianji_jax.run.host_replay` (looked up there by
 ``train`` and ``evaluate``); nothing in the library is changed. ``CONV_DONE``'s ``tail_compile_s``
 is always None now: the library runs an Anakin run's last, shorter chunk with the same compiled
 program as its full ones (the results committed before that change measured a background
@@ -76,8 +76,8 @@ jax.monitoring.register_event_duration_secs_listener(
     if event == "/jax/core/compile/backend_compile_duration" else None)
 
 import tianji_jax as tj  # noqa: E402
-from tianji_jax import host_on_policy, host_replay  # noqa: E402
-from tianji_jax.provenance import provenance  # noqa: E402
+from tianji_jax.run import host_on_policy, host_replay  # noqa: E402
+from tianji_jax.run.provenance import provenance  # noqa: E402
 
 log = P.EvalLog(spec)
 

@@ -44,7 +44,7 @@ class ActorState:
         obs_rms: running observation statistics (updated only with observation normalisation).
         reward_scaler: discounted-return statistics (updated only with reward scaling).
         hidden: recurrent agents: the core's carry before the next step (leaves float32 ``(N, H)``,
-            see :func:`~tianji_jax.recurrent.initial_carry`); None otherwise (no leaves: the state's
+            see :func:`~tianji_jax.nets.recurrent.initial_carry`); None otherwise (no leaves: the state's
             leaf paths are those of a feed-forward agent).
         last_done: recurrent agents: ``(N,)`` bool, the env's last step ended an episode (its carry
             is zeroed before the next step); None otherwise.
@@ -104,7 +104,7 @@ class OnPolicyAgent:
             :meth:`initial_carry`, :meth:`apply_step` and :meth:`policy_step`, and the actor carries
             the core's state (Anakin runtime, gymnax envs).
         ROW_METRICS: learn metrics averaged into a ``metrics.csv`` row (names of
-            :data:`~tianji_jax.results.METRIC_COLUMNS`).
+            :data:`~tianji_jax.run.results.METRIC_COLUMNS`).
     """
 
     ROW_METRICS: ClassVar[tuple[str, ...]] = ()
@@ -152,14 +152,14 @@ class OnPolicyAgent:
 
     def initial_carry(self, batch: int) -> Any:
         """Recurrent agents: the zero carry of ``batch`` envs: ``(c, h)`` (LSTM) or ``h`` (GRU),
-        float32 ``(batch, H)`` (:func:`~tianji_jax.recurrent.initial_carry`)."""
-        from tianji_jax.recurrent import initial_carry
+        float32 ``(batch, H)`` (:func:`~tianji_jax.nets.recurrent.initial_carry`)."""
+        from tianji_jax.nets.recurrent import initial_carry
 
         return initial_carry(self.config.recurrent, batch, self.config.rnn_hidden_size)
 
     def apply_step(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
         """Recurrent agents: one step of ``self.network`` (a
-        :class:`~tianji_jax.recurrent.RecurrentActorCritic` or a subclass) ``(carry, obs (B,
+        :class:`~tianji_jax.nets.recurrent.RecurrentActorCritic` or a subclass) ``(carry, obs (B,
         *obs_shape) float32, reset (B,) bool) -> (carry, actor_out, value (B,))``, the carry zeroed
         first where ``reset``; evaluation takes ``distributions.mode(actor_out, continuous, nvec)``. An
         env's action mask masks ``actor_out`` (:func:`~tianji_jax.envs.suites.masked`)."""
@@ -167,10 +167,10 @@ class OnPolicyAgent:
         return carry, self._masked(actor_out, obs), value
 
     def apply_sequence(self, params: Any, carry: Any, obs: jax.Array, reset: jax.Array) -> tuple[Any, Any, jax.Array]:
-        """Recurrent agents: ``T`` steps (:meth:`~tianji_jax.recurrent.RecurrentActorCritic.sequence`):
+        """Recurrent agents: ``T`` steps (:meth:`~tianji_jax.nets.recurrent.RecurrentActorCritic.sequence`):
         ``obs (T, B, *obs_shape)``, ``reset (T, B)`` -> ``(carries (T, B, H) leaves, actor_out (T, B,
         ...), value (T, B))``."""
-        from tianji_jax.recurrent import RecurrentActorCritic
+        from tianji_jax.nets.recurrent import RecurrentActorCritic
 
         carries, actor_out, value = self.network.apply(params, carry, obs, reset, method=RecurrentActorCritic.sequence)
         return carries, self._masked(actor_out, obs), value
@@ -198,7 +198,7 @@ class OnPolicyAgent:
     @classmethod
     def row_extra(cls, config: Any, metrics: dict, updates_done: int) -> dict[str, float]:
         """Columns of a ``metrics.csv`` row beyond :attr:`ROW_METRICS` (names of
-        :data:`~tianji_jax.results.METRIC_COLUMNS`) from the chunk's per-update host ``metrics``
+        :data:`~tianji_jax.run.results.METRIC_COLUMNS`) from the chunk's per-update host ``metrics``
         and the updates done; none by default."""
         return {}
 

@@ -16,11 +16,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared,
+from tianji_jax.algos.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared,
                                     _check_torso, _describe_env_layer, _plain_numbers, fields_in, layout, run,
                                     tianji)
-from tianji_jax import capabilities
-from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
+from tianji_jax.algos import capabilities
+from tianji_jax.algos.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
                                       _check_ray)
 from tianji_jax.envs.registry import EnvSpec, resolve_env
 
@@ -343,12 +343,12 @@ class OnPolicyConfig(_AgentConfig):
 
     def _describe_network(self, mlp_heads: str, linear_heads: str) -> str:
         """The network as ``describe()`` states it: the torso text when feed-forward; with a
-        recurrent core, torso -> core -> heads as :class:`~tianji_jax.recurrent.RecurrentActorCritic`
+        recurrent core, torso -> core -> heads as :class:`~tianji_jax.nets.recurrent.RecurrentActorCritic`
         / ``RecurrentQNetwork`` build them: an MLP torso is a one-layer embedding there and the MLP
         of ``hidden_sizes`` follows the core (``mlp_heads``, also after a small CNN); a Nature CNN
         or a user torso feeds ``linear_heads``."""
-        from tianji_jax.config_base import _torso_text
-        from tianji_jax.networks import resolve_torso, torso_path
+        from tianji_jax.algos.config_base import _torso_text
+        from tianji_jax.nets.networks import resolve_torso, torso_path
 
         if self.recurrent == "none":
             return _torso_text(self)

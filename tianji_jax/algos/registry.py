@@ -30,11 +30,11 @@ algorithm's replay ratio."""
 
 
 _GENERIC = {
-    "on_policy": (("train", "tianji_jax.host_on_policy:train_on_policy"),
-                  ("evaluate", "tianji_jax.host_on_policy:evaluate_on_policy"),
+    "on_policy": (("train", "tianji_jax.run.host_on_policy:train_on_policy"),
+                  ("evaluate", "tianji_jax.run.host_on_policy:evaluate_on_policy"),
                   ("host_actor", "tianji_jax.runtime.host_actor:on_policy_host_actor")),
-    "replay": (("train", "tianji_jax.host_replay:train_replay"),
-               ("evaluate", "tianji_jax.host_replay:evaluate_replay"),
+    "replay": (("train", "tianji_jax.run.host_replay:train_replay"),
+               ("evaluate", "tianji_jax.run.host_replay:evaluate_replay"),
                ("host_actor", "tianji_jax.runtime.replay_host:replay_host_actor")),
 }
 """The generic train / evaluate / host-actor functions of each data path (an agent's defaults)."""
@@ -82,7 +82,7 @@ class Algorithm:
             ``Class(config)``: for the on-policy data path a subclass of
             :class:`~tianji_jax.algos.on_policy.OnPolicyAgent` (its network, acting step and
             learner update). With an agent, ``train``, ``evaluate`` and ``host_actor`` default to
-            the generic on-policy ones (:mod:`tianji_jax.host_on_policy`,
+            the generic on-policy ones (:mod:`tianji_jax.run.host_on_policy`,
             ``runtime.host_actor:on_policy_host_actor``), which run it on every runtime the
             capability table allows: registering it is the whole cost of a new on-policy algorithm.
 

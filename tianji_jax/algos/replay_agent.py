@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tianji_jax import replay
+from tianji_jax.buffers import replay
 from tianji_jax.algos import dqn, guard
 from tianji_jax.algos.normalization import RunningMeanStd
 from tianji_jax.envs.gymnax_env import GymnaxVecEnv, VecEnvState
@@ -165,9 +165,9 @@ class ReplayAgent:
         host env, whose actors use only the acting and learner halves), obs_shape, obs_dtype,
         history_len ``H = n_step - 1``, action_shape / action_dtype (``()`` int32 for Discrete,
         ``(A,)`` float32 for Box), example_item (one replay item: a
-        :class:`~tianji_jax.transition.Transition` of ``jax.ShapeDtypeStruct``).
+        :class:`~tianji_jax.buffers.transition.Transition` of ``jax.ShapeDtypeStruct``).
         ROW_METRICS: learn metrics averaged over the learner blocks of a ``metrics.csv`` row
-            (names of :data:`~tianji_jax.results.METRIC_COLUMNS`; ``grad_norm``,
+            (names of :data:`~tianji_jax.run.results.METRIC_COLUMNS`; ``grad_norm``,
             ``policy_lag_mean`` and ``policy_lag_max`` are reported for every agent).
         NUM_ACT_KEYS: PRNG keys :meth:`explore` takes per step.
         EXPLORE_METRIC: name of the exploration column a row reports from the rollouts'
@@ -393,7 +393,7 @@ class ReplayAgent:
         }
 
     def init_replay(self, num_actors: int = 1, check_memory: bool = False, capacity: int | None = None) -> Any:
-        """An empty :class:`~tianji_jax.replay.ReplayState` of ``capacity`` (default
+        """An empty :class:`~tianji_jax.buffers.replay.ReplayState` of ``capacity`` (default
         ``buffer_capacity``) transitions. Traceable unless ``check_memory``, which first checks
         eagerly that it fits in free device memory.
 
@@ -433,7 +433,7 @@ class ReplayAgent:
 
         Returns:
             ``(actor, items, item_version, mask, stats)``: ``items`` a
-            :class:`~tianji_jax.transition.Transition` with leaves ``(T * N, ...)`` (time-major
+            :class:`~tianji_jax.buffers.transition.Transition` with leaves ``(T * N, ...)`` (time-major
             flattening), ``item_version`` ``(T * N,)`` int32 version each transition's first step
             was acted with, ``mask`` ``(T * N,)`` bool (False for window slots not yet filled), and
             ``stats``: ``episode_return_sum`` / ``episode_length_sum`` (float32) and
@@ -471,18 +471,18 @@ class ReplayAgent:
 
     def insert(self, replay_state: replay.ReplayState, items: dqn.Transition, item_version: jax.Array,
                mask: jax.Array) -> replay.ReplayState:
-        """Add a rollout's transitions to replay (:func:`tianji_jax.replay.add`), stamped per item.
+        """Add a rollout's transitions to replay (:func:`tianji_jax.buffers.replay.add`), stamped per item.
 
         ``items`` / ``item_version`` / ``mask`` as :meth:`rollout` returns them: leaves
         ``(T * N, ...)``, ``(T * N,)`` int32 and ``(T * N,)`` bool (False rows are skipped).
-        Returns the new :class:`~tianji_jax.replay.ReplayState`; raises ValueError as
-        :func:`tianji_jax.replay.add` (shapes or dtype kinds that do not match the buffer).
+        Returns the new :class:`~tianji_jax.buffers.replay.ReplayState`; raises ValueError as
+        :func:`tianji_jax.buffers.replay.add` (shapes or dtype kinds that do not match the buffer).
         """
         return replay.add(replay_state, items, item_version, mask)
 
     def sample(self, replay_state: Any, key: jax.Array, batch_size: int, beta: jax.Array | None = None) -> Any:
         """A batch of ``batch_size`` items: uniform (``beta`` None), or prioritised with
-        importance weights of exponent ``beta`` (:func:`tianji_jax.replay.sample_prioritised`)."""
+        importance weights of exponent ``beta`` (:func:`tianji_jax.buffers.replay.sample_prioritised`)."""
         if beta is None:
             return replay.sample(replay_state, key, batch_size)
         return replay.sample_prioritised(replay_state, key, batch_size, beta)

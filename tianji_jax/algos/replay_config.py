@@ -14,10 +14,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared, _check_torso,
+from tianji_jax.algos.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared, _check_torso,
                                     _describe_env_layer, _plain_numbers, fields_in, layout, run, tianji)
-from tianji_jax import capabilities
-from tianji_jax.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
+from tianji_jax.algos import capabilities
+from tianji_jax.algos.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
                                      _check_replay_layout)
 from tianji_jax.envs.registry import EnvSpec, resolve_env
 
@@ -53,7 +53,7 @@ class ReplayConfig(_AgentConfig):
             updates per iteration, or ``learning_starts`` too small to fill one batch.
         TypeError: a scalar of the wrong type.
         MemoryError: the replay buffer (``replay_bytes``) would not fit in the default device's
-            free memory (checked with :func:`tianji_jax.replay.check_fits` before anything is
+            free memory (checked with :func:`tianji_jax.buffers.replay.check_fits` before anything is
             allocated).
     """
 
@@ -193,7 +193,7 @@ class ReplayConfig(_AgentConfig):
                      "eval_every_env_steps"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
-        # the prioritised sum-tree indexes its heap nodes in int32 (tianji_jax.sum_tree.MAX_CAPACITY)
+        # the prioritised sum-tree indexes its heap nodes in int32 (tianji_jax.buffers.sum_tree.MAX_CAPACITY)
         _check_int("buffer_capacity", self.buffer_capacity, maximum=2**30)
         _check_int("learning_starts", self.learning_starts, minimum=0)
         _check_int("eval_episodes", self.eval_episodes, minimum=0)
@@ -269,7 +269,7 @@ class ReplayConfig(_AgentConfig):
         _check_distributed(self)
         _check_replay_layout(self, frames)
         self._check_head()
-        from tianji_jax import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
+        from tianji_jax.buffers import replay  # noqa: PLC0415 - jax-heavy, only once the fields are valid
 
         try:
             replay.check_fits(self.replay_bytes)  # MemoryError before anything is allocated
@@ -317,8 +317,8 @@ class ReplayConfig(_AgentConfig):
 
     @property
     def frame_replay(self) -> bool:
-        """Replay stores frames once (:mod:`tianji_jax.frame_replay`; DQN on envpool Atari games).
-        Otherwise whole ``obs`` / ``next_obs`` per transition (:mod:`tianji_jax.replay`)."""
+        """Replay stores frames once (:mod:`tianji_jax.buffers.frame_replay`; DQN on envpool Atari games).
+        Otherwise whole ``obs`` / ``next_obs`` per transition (:mod:`tianji_jax.buffers.replay`)."""
         return self._frame_replay  # type: ignore[attr-defined]
 
     @property
@@ -373,13 +373,13 @@ class ReplayConfig(_AgentConfig):
 
     @property
     def stacked_replay_bytes(self) -> int:
-        """Bytes of :mod:`tianji_jax.replay` holding ``buffer_capacity`` whole n-step transitions
-        (:func:`tianji_jax.replay.replay_bytes`: obs and next obs in the observation dtype, the
+        """Bytes of :mod:`tianji_jax.buffers.replay` holding ``buffer_capacity`` whole n-step transitions
+        (:func:`tianji_jax.buffers.replay.replay_bytes`: obs and next obs in the observation dtype, the
         action (int32, or float32 ``(A,)`` for a Box), reward, discount)."""
         import jax  # noqa: PLC0415
         import numpy as np  # noqa: PLC0415
 
-        from tianji_jax import replay  # noqa: PLC0415
+        from tianji_jax.buffers import replay  # noqa: PLC0415
 
         spec = self.env_spec
         obs = jax.ShapeDtypeStruct(spec.observation_shape,

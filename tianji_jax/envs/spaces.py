@@ -40,7 +40,7 @@ class MultiDiscrete:
     One env's action is int32 shaped ``(len(nvec),)``; a batch of ``N`` is ``(N, len(nvec))``. The
     policy over it is a factored categorical (:func:`~tianji_jax.algos.distributions.factored_log_prob`):
     one logits vector of ``sum(nvec)`` entries split per factor. Only PPO takes it
-    (:data:`~tianji_jax.capabilities.MULTI_DISCRETE_REASONS`).
+    (:data:`~tianji_jax.algos.capabilities.MULTI_DISCRETE_REASONS`).
 
     Raises:
         ValueError: ``nvec`` empty or with an entry below 1.

@@ -34,7 +34,7 @@ from tianji_jax.algos.on_policy import ActorState, LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.algos.registry import agent_class_for, algorithm_for
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
-from tianji_jax.config_base import not_compiled
+from tianji_jax.algos.config_base import not_compiled
 from tianji_jax.runtime import data_parallel
 
 __all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "ReplayTrainState", "ReplayAnakin",
@@ -175,7 +175,7 @@ class ReplayTrainState:
             n-step window, actor key, env steps taken); None after an async run on a host env backend.
         learner: :class:`~tianji_jax.algos.replay_agent.ReplayLearnerState` (online and target
             params, optimizer state, learner key, policy version, gradient steps).
-        replay: the device-resident buffer (:class:`~tianji_jax.replay.ReplayState`, or DQN's
+        replay: the device-resident buffer (:class:`~tianji_jax.buffers.replay.ReplayState`, or DQN's
             frame replay for envpool Atari).
     """
 
@@ -355,7 +355,7 @@ def _on_policy(config: Any) -> bool:
 
 def compile_key(config: Any) -> Any:
     """``config`` with the fields that do not change compiled code (the ``run``, ``tianji`` and
-    ``layout`` field groups: :func:`~tianji_jax.config_base.not_compiled`) set to their defaults:
+    ``layout`` field groups: :func:`~tianji_jax.algos.config_base.not_compiled`) set to their defaults:
     equal keys share compiled functions. Host envs keep ``runtime='async'`` (the only runtime
     they allow). On-policy runs with learner groups or several processes key on one group's / the
     global learner's ``total_env_steps`` (their learning-rate annealing); multi-host replay runs

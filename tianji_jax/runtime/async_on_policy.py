@@ -33,7 +33,7 @@ from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
 from tianji_jax.runtime.scheduled import ScheduledRunner
-from tianji_jax.schedule_file import load_schedule
+from tianji_jax.buffers.schedule_file import load_schedule
 
 __all__ = ["AsyncOnPolicy", "placement", "resume_seed"]
 
@@ -342,7 +342,7 @@ class AsyncOnPolicy:
         """The actor half and the counters of a checkpoint cut; call it in the learner thread right
         after a publication (``AsyncRunner.extra_snapshot``), so that it belongs to the learner
         state of that version: ``{"actors": consumed_actor_states (copy), "counters": the queue's
-        :meth:`~tianji_jax.buffers.TrajectoryQueue.cut_counters` plus "dropped_partial"}``.
+        :meth:`~tianji_jax.buffers.queues.TrajectoryQueue.cut_counters` plus "dropped_partial"}``.
 
         The cut is "the learner at version v together with each actor as it was right after its
         newest consumed rollout": under ``sync`` that is exactly the state an uninterrupted run

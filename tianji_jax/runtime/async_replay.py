@@ -4,7 +4,7 @@ limiter.
 
 Actors run the same rollout Anakin fuses (the agent's
 :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.rollout`) and hand n-step transitions, stamped with the version they acted with, to a
-:class:`~tianji_jax.buffers.ReplayIngress`. The learner thread drains it (lag gate at insert),
+:class:`~tianji_jax.buffers.queues.ReplayIngress`. The learner thread drains it (lag gate at insert),
 inserts into its device replay state (donated, so XLA updates it in place) and runs learner
 blocks of ``updates_per_step`` gradient updates whenever the limiter allows: ``spi =
 replay_ratio * batch_size`` items sampled per env step inserted, so the replay ratio holds within
@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tianji_jax.caches import register
-from tianji_jax.buffers import TrajectoryItem
+from tianji_jax.buffers.queues import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import _distributed, placement, resume_seed
 from tianji_jax.runtime.async_runtime import PhaseTimers
@@ -264,7 +264,7 @@ class AsyncReplay:
         after a learner block (with :meth:`row_state`): ``{"actors": per actor, its state right after its
         newest chunk the learner inserted into replay (a chunk the gate dropped is rolled out again
         on resume), "counters": the ingress's
-        :meth:`~tianji_jax.buffers.ReplayIngress.cut_counters` plus "epsilon" (of the newest
+        :meth:`~tianji_jax.buffers.queues.ReplayIngress.cut_counters` plus "epsilon" (of the newest
         chunk inserted)}``. Chunks produced after the cut (in the inbox:
         ``counters["in_flight"]`` env steps; or being rolled out, uncounted) are not part of it: a resume discards them and
         the actors act again from the cut."""

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
+from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.param_store import ParamStore
 
 __all__ = ["PhaseTimers", "AsyncRunner", "StallError", "PeerStoppedError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]

@@ -4,11 +4,11 @@
 ceiling K = ``max_policy_lag``) plus a controller that, every ``period`` learner updates, reads
 how long each side waited since its previous decision and moves one knob one step:
 
-- on-policy (:class:`~tianji_jax.buffers.TrajectoryQueue`): the **admission window** W in
+- on-policy (:class:`~tianji_jax.buffers.queues.TrajectoryQueue`): the **admission window** W in
   ``1..K`` (an actor starts a rollout only while at most W rollouts are waiting, admitted or being
   learned from, so a consumed rollout's lag is at most about W) and with it the **queue limit**
   ``max(2, W + 1)`` trajectories (the rate limiter's room, never the binding rule below W);
-- replay (:class:`~tianji_jax.buffers.ReplayIngress`): the **samples-per-insert band** half-width
+- replay (:class:`~tianji_jax.buffers.queues.ReplayIngress`): the **samples-per-insert band** half-width
   in ``[m, replay_ratio_tolerance * m]`` items, ``m = B + spi * c`` the narrowest band that
   cannot deadlock (docs/runtime.md, "The lag contract").
 

@@ -21,7 +21,7 @@ before the threads start), so it is in lockstep too. Evaluation, logging and che
 each process's *local* replica of the params (process 0 writes the run directory). Checkpoints
 coordinate through the job's key-value store (:func:`kv_set` / :func:`kv_get`), never through a
 collective: they are written from the host loop's thread while the learner thread issues the
-lockstep collectives (a resumable multi-host run: :class:`~tianji_jax.run_files.RunFiles`).
+lockstep collectives (a resumable multi-host run: :class:`~tianji_jax.run.run_files.RunFiles`).
 
 Failures: a process that dies closes its sockets; jax's coordination service notices (at once,
 or after ``heartbeat_timeout_s`` for a hung peer) and terminates every survivor. jax's hook for
@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tianji_jax.config_checks import check_coordinator, loopback_ip  # re-exported: the config validates it too
+from tianji_jax.algos.config_checks import check_coordinator, loopback_ip  # re-exported: the config validates it too
 from tianji_jax.runtime.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
@@ -434,7 +434,7 @@ def supervise(argv: list[str], *, num_processes: int, process_id: int, heartbeat
     """
     os.environ["TIANJI_PROCESS_ID"] = str(process_id)
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
-    code = "import sys; from tianji_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tianji_jax.cli.commands import main; sys.exit(main(sys.argv[1:]))"
 
     def _pdeathsig() -> None:
         try:

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.algos.dqn.config import DQNConfig
+from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker

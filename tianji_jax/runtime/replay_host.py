@@ -35,7 +35,7 @@ chunk's frames (:data:`~tianji_jax.algos.dqn.agent.FRAME_KEYS`: the stacks acted
 step's newest successor frame, actions, rewards, flags, versions and ``start``, where a stack
 begins a stretch of the env's stream) and the learner's
 :meth:`~tianji_jax.algos.dqn.agent.DQNAgent.insert_frames` stores every frame once in
-:mod:`tianji_jax.frame_replay`, which forms n-step targets when sampling. ``start`` is set after
+:mod:`tianji_jax.buffers.frame_replay`, which forms n-step targets when sampling. ``start`` is set after
 every ``terminated`` / ``truncated`` step (a game over or, with ``episodic_life``, a lost life),
 for every env at the actor's first chunk, and for the envs whose leftovers were dropped (a gap).
 Chunks carry the actor's sequence number so the learner treats a chunk dropped by the lag gate

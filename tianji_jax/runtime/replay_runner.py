@@ -1,6 +1,6 @@
 """The TianJi runtime for the replay data path: :class:`ReplayRunner`, an
 :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` whose learners drain a
-:class:`~tianji_jax.buffers.ReplayIngress` (lag gate at insert, samples-per-insert rate limiter)
+:class:`~tianji_jax.buffers.queues.ReplayIngress` (lag gate at insert, samples-per-insert rate limiter)
 into learner-owned replay instead of consuming a trajectory queue. No math: the caller's
 ``insert`` and ``learn`` callables own the replay and the update (for DQN,
 :class:`~tianji_jax.runtime.async_replay.AsyncReplay`).
@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from tianji_jax.buffers import ReplayIngress, TrajectoryItem
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.queues import ReplayIngress, TrajectoryItem
+from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
 
 __all__ = ["ReplayRunner"]

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from tianji_jax import replay
+from tianji_jax.buffers import replay
 from tianji_jax.runtime.data_parallel import make_mesh
 
 __all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "block_fns", "make_multi_host_fns"]

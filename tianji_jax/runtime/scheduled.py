@@ -1,4 +1,4 @@
-"""Replaying a recorded schedule (:mod:`tianji_jax.schedule_file`): a runner whose actors act
+"""Replaying a recorded schedule (:mod:`tianji_jax.buffers.schedule_file`): a runner whose actors act
 exactly the recorded policy versions and whose learner consumes exactly the recorded rollouts, so
 a ``relaxed`` run's interleaving happens again and gives bit-identical params. Runtime plumbing,
 no math.
@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Any
 
-from tianji_jax.buffers import TrajectoryItem, TrajectoryQueue
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
+from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
 from tianji_jax.runtime.param_store import ParamStore
-from tianji_jax.schedule_file import Schedule
+from tianji_jax.buffers.schedule_file import Schedule
 
 __all__ = ["ScheduledRunner", "ScheduledQueue", "VersionedParamStore"]
 
@@ -70,7 +70,7 @@ class ScheduledQueue(TrajectoryQueue):
     """The learner's queue when a schedule is replayed: update ``u`` gets exactly the recorded
     rollout (waiting for it), rollouts recorded as dropped are dropped when they arrive, and a put
     never waits (the schedule, not the rate limiter, bounds what is produced). Counters as
-    :class:`~tianji_jax.buffers.TrajectoryQueue`'s.
+    :class:`~tianji_jax.buffers.queues.TrajectoryQueue`'s.
 
     Args:
         schedule: the :class:`Schedule` to replay.
@@ -158,7 +158,7 @@ class ScheduledRunner(AsyncRunner):
     actor stops after its last recorded rollout.
 
     Args:
-        replay: the :class:`~tianji_jax.schedule_file.Schedule` to replay.
+        replay: the :class:`~tianji_jax.buffers.schedule_file.Schedule` to replay.
         **kwargs: as :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` (``schedule`` must
             be ``"relaxed"``, which a config's ``'auto'`` also runs as: the others are
             deterministic already; one learner group).

@@ -7,7 +7,7 @@ on different devices and threads, so the ``sync`` schedule reproduces Anakin bit
 
 Sources: Mnih et al. 2015 (DQN: replay, target network, epsilon-greedy, Huber error clipping);
 van Hasselt et al. 2016 (Double DQN); Wang et al. 2016 (dueling head, in
-:class:`~tianji_jax.networks.QNetwork`); Schaul et al. 2016 (proportional prioritised replay,
+:class:`~tianji_jax.nets.networks.QNetwork`); Schaul et al. 2016 (proportional prioritised replay,
 importance weights with beta annealed to 1); Hessel et al. 2018 (n-step targets in replay);
 Bellemare et al. 2017 (C51) and Dabney et al. 2018 (QR-DQN) in
 :mod:`tianji_jax.algos.dqn.distributional`; Horgan et al. 2018 (Ape-X's per-env epsilons).
@@ -22,14 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tianji_jax import frame_replay, replay
+from tianji_jax.buffers import frame_replay, replay
 from tianji_jax.algos import dqn
 from tianji_jax.algos.dqn.config import DQNConfig
 from tianji_jax.algos.dqn.distributional import c51_support, distributional_loss, expected_q
 from tianji_jax.algos import guard
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.envs.suites import masked, random_allowed
-from tianji_jax.networks import QNetwork, check_network, resolve_torso
+from tianji_jax.nets.networks import QNetwork, check_network, resolve_torso
 
 __all__ = ["DQNAgent", "DQNActorState", "DQNLearnerState", "FRAME_KEYS", "actor_epsilons", "make_q_network",
            "make_dqn_optimizer"]
@@ -46,13 +46,13 @@ FRAME_KEYS = ("obs", "final_frame", "action", "reward", "terminated", "truncated
 
 
 def make_q_network(config: DQNConfig) -> QNetwork:
-    """The :class:`~tianji_jax.networks.QNetwork` for ``config``'s env (``A = action_space.n``), its
-    torso ``config.torso`` (:func:`~tianji_jax.networks.resolve_torso`; ``auto``: Nature CNN for
+    """The :class:`~tianji_jax.nets.networks.QNetwork` for ``config``'s env (``A = action_space.n``), its
+    torso ``config.torso`` (:func:`~tianji_jax.nets.networks.resolve_torso`; ``auto``: Nature CNN for
     Atari frame stacks, the small CNN for MinAtar-like images, else the MLP of ``hidden_sizes``).
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
-            shape (:func:`~tianji_jax.networks.check_network`).
+            shape (:func:`~tianji_jax.nets.networks.check_network`).
     """
     shape = tuple(config.env_spec.observation_shape)
     network = QNetwork(action_dim=config.env_spec.action_space.n, hidden_sizes=tuple(config.hidden_sizes),
@@ -167,9 +167,9 @@ class DQNAgent(ReplayAgent):
 
     def init_replay(self, num_actors: int = 1, check_memory: bool = False, capacity: int | None = None) -> Any:
         """An empty replay buffer of ``capacity`` (default ``buffer_capacity``) transitions: a
-        :class:`~tianji_jax.frame_replay.FrameReplayState` with one ring per env of the
+        :class:`~tianji_jax.buffers.frame_replay.FrameReplayState` with one ring per env of the
         ``num_actors`` actors (env ``actor * num_envs + e``) when ``config.frame_replay``, else a
-        :class:`~tianji_jax.replay.ReplayState`. Traceable (it can live inside a jitted / vmapped
+        :class:`~tianji_jax.buffers.replay.ReplayState`. Traceable (it can live inside a jitted / vmapped
         ``init`` or ``jax.eval_shape``) unless ``check_memory``, which first checks eagerly that it
         fits in free device memory (the config checked it once already).
 
@@ -190,7 +190,7 @@ class DQNAgent(ReplayAgent):
         return replay_state.num_valid if self.frame_replay else replay_state.size
 
     def insert_frames(self, replay_state: Any, chunk: dict, env_offset: jax.Array, gap: jax.Array) -> Any:
-        """Add a host actor's ``(T, N)`` chunk to the frame replay (:mod:`tianji_jax.frame_replay`),
+        """Add a host actor's ``(T, N)`` chunk to the frame replay (:mod:`tianji_jax.buffers.frame_replay`),
         every frame stored once; n-step returns are formed when sampling.
 
         Per env column and step ``t``, in order: where ``start[t]`` (the stack ``obs[t]`` begins a
@@ -202,7 +202,7 @@ class DQNAgent(ReplayAgent):
         (their lookahead is cut), never mixes frames across the gap. Jit with ``donate_argnums=0``.
 
         Args:
-            replay_state: the :class:`~tianji_jax.frame_replay.FrameReplayState`.
+            replay_state: the :class:`~tianji_jax.buffers.frame_replay.FrameReplayState`.
             chunk: :data:`FRAME_KEYS`, leaves ``(T, N, ...)``: ``obs`` ``(T, N, S, H, W)`` the stacks
                 acted on; ``final_frame`` ``(T, N, H, W)`` the newest frame of each step's true
                 successor; ``action`` / ``policy_version`` int32; ``reward`` float32;

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.config_base import _check_bool, _check_float, _check_int, _torso_text
-from tianji_jax.config_checks import _check_atari, _check_distributional
+from tianji_jax.algos.config_base import _check_bool, _check_float, _check_int, _torso_text
+from tianji_jax.algos.config_checks import _check_atari, _check_distributional
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec
 
 __all__ = ["DQNConfig"]
@@ -61,7 +61,7 @@ class DQNConfig(ReplayConfig):
             iteration, or ``learning_starts`` too small to fill one batch.
         TypeError: a scalar of the wrong type.
         MemoryError: the replay buffer (``replay_bytes``) would not fit in the default device's
-            free memory (checked with :func:`tianji_jax.replay.check_fits` before anything is
+            free memory (checked with :func:`tianji_jax.buffers.replay.check_fits` before anything is
             allocated).
     """
 
@@ -205,10 +205,10 @@ class DQNConfig(ReplayConfig):
 
     @property
     def replay_bytes(self) -> int:
-        """Bytes the replay buffer allocates: :func:`tianji_jax.frame_replay.frame_replay_bytes`
+        """Bytes the replay buffer allocates: :func:`tianji_jax.buffers.frame_replay.frame_replay_bytes`
         (one ring per env of all actors) when :attr:`frame_replay`, else :attr:`stacked_replay_bytes`."""
         if self.frame_replay:
-            from tianji_jax import frame_replay  # noqa: PLC0415
+            from tianji_jax.buffers import frame_replay  # noqa: PLC0415
 
             shape = tuple(self.env_spec.observation_shape)
             return frame_replay.frame_replay_bytes(self.num_actors * self.num_envs, self.buffer_capacity, shape[1:],

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from tianji_jax.transition import Transition
+from tianji_jax.buffers.transition import Transition
 
 __all__ = [
     "NStepReturns",
@@ -230,7 +230,7 @@ def n_step_transitions(
 
     Returns:
         :class:`Transition` with leaves ``(T, N, ...)``; flatten to ``(T * N, ...)`` before
-        :func:`tianji_jax.replay.add`.
+        :func:`tianji_jax.buffers.replay.add`.
 
     Raises:
         ValueError: as :func:`n_step_returns` and :func:`gather_time`; ``rewards`` not 2-D.
@@ -347,7 +347,7 @@ def td_loss(
 
     Returns:
         ``(loss, td_errors)``: scalar float32 loss and ``(B,)`` float32 ``targets - Q(s, a)``
-        (feed ``td_errors`` to :func:`tianji_jax.replay.update_priorities`).
+        (feed ``td_errors`` to :func:`tianji_jax.buffers.replay.update_priorities`).
 
     Raises:
         ValueError: ``q`` not 2-D; ``actions`` / ``targets`` / ``weights`` not ``(B,)``;

@@ -17,8 +17,8 @@ from tianji_jax.algos import distributions
 from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent, episode_metrics
 from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.algos.ppo.math import PPOBatch, gae, make_optimizer, ppo_update, vtrace
-from tianji_jax.networks import ActorCritic, check_network, resolve_torso
-from tianji_jax.recurrent import RecurrentActorCritic
+from tianji_jax.nets.networks import ActorCritic, check_network, resolve_torso
+from tianji_jax.nets.recurrent import RecurrentActorCritic
 
 __all__ = ["PPOAgent", "make_network"]
 
@@ -26,13 +26,13 @@ __all__ = ["PPOAgent", "make_network"]
 def make_network(config: PPOConfig) -> ActorCritic | RecurrentActorCritic:
     """The ActorCritic for ``config``'s env (categorical for Discrete, a factored categorical with
     ``sum(nvec)`` logits for MultiDiscrete, Gaussian for Box), its torso
-    chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`);
-    with ``config.recurrent`` ``'lstm'`` / ``'gru'`` the :class:`~tianji_jax.recurrent.RecurrentActorCritic`
+    chosen from the observation's layout and size (``config.torso``, :func:`~tianji_jax.nets.networks.resolve_torso`);
+    with ``config.recurrent`` ``'lstm'`` / ``'gru'`` the :class:`~tianji_jax.nets.recurrent.RecurrentActorCritic`
     of that torso and a core of ``config.rnn_hidden_size`` units.
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
-            shape (:func:`~tianji_jax.networks.check_network`).
+            shape (:func:`~tianji_jax.nets.networks.check_network`).
     """
     spec = config.env_spec
     continuous = spec.action_kind == "continuous"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.config_base import _check_bool, _check_float, _check_int
+from tianji_jax.algos.config_base import _check_bool, _check_float, _check_int
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PPOConfig"]

@@ -10,7 +10,7 @@ and agent.
 - :mod:`tianji_jax.algos.pqn.agent`: :class:`~tianji_jax.algos.pqn.agent.PQNAgent`, the acting
   step and learner update every runtime runs.
 
-The network is :class:`tianji_jax.networks.QNetwork` with ``layer_norm=True``.
+The network is :class:`tianji_jax.nets.networks.QNetwork` with ``layer_norm=True``.
 """
 
 from tianji_jax.algos.pqn.math import (PQNBatch, epsilon_at, epsilon_greedy, pqn_loss, pqn_update,

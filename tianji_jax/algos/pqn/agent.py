@@ -21,22 +21,22 @@ from tianji_jax.algos.ppo.math import make_optimizer
 from tianji_jax.algos.pqn.config import PQNConfig
 from tianji_jax.algos.pqn.math import PQNBatch, epsilon_at, epsilon_greedy, pqn_update, q_lambda_returns
 from tianji_jax.envs.suites import action_mask, masked
-from tianji_jax.networks import QNetwork, check_network, resolve_torso
-from tianji_jax.recurrent import RecurrentQNetwork
+from tianji_jax.nets.networks import QNetwork, check_network, resolve_torso
+from tianji_jax.nets.recurrent import RecurrentQNetwork
 
 __all__ = ["PQNAgent", "make_pqn_network"]
 
 
 def make_pqn_network(config: PQNConfig) -> QNetwork | RecurrentQNetwork:
     """The Q-network for ``config``'s env: torso chosen from the observation's layout and size
-    (``config.torso``, :func:`~tianji_jax.networks.resolve_torso`), LayerNorm after every hidden layer when
+    (``config.torso``, :func:`~tianji_jax.nets.networks.resolve_torso`), LayerNorm after every hidden layer when
     ``config.layer_norm``, a linear head of ``A`` Q-values; with ``config.recurrent`` ``'lstm'`` /
-    ``'gru'`` the :class:`~tianji_jax.recurrent.RecurrentQNetwork` of that torso and a core of
+    ``'gru'`` the :class:`~tianji_jax.nets.recurrent.RecurrentQNetwork` of that torso and a core of
     ``config.rnn_hidden_size`` units.
 
     Raises:
         ValueError: the network's parameters would hold a zero-size array for this observation
-            shape (:func:`~tianji_jax.networks.check_network`).
+            shape (:func:`~tianji_jax.nets.networks.check_network`).
     """
     spec = config.env_spec
     shape = tuple(spec.observation_shape)

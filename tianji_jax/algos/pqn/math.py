@@ -2,7 +2,7 @@
 epsilon-greedy exploration.
 
 Source: Gallici et al. 2024 ("Simplifying Deep Temporal Difference Learning", arXiv 2407.04811,
-section 4 and Algorithm 1): a Q-network with LayerNorm (:class:`tianji_jax.networks.QNetwork`
+section 4 and Algorithm 1): a Q-network with LayerNorm (:class:`tianji_jax.nets.networks.QNetwork`
 with ``layer_norm=True``) trained on-policy from short rollouts of many vectorised envs, with
 Q(lambda) targets, several epochs of shuffled minibatches per rollout, and no target network and
 no replay buffer. Q(lambda) is Peng's (Peng & Williams 1996, "Incremental Multi-Step

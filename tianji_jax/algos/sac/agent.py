@@ -34,7 +34,7 @@ from tianji_jax.algos.sac.config import SACConfig
 from tianji_jax.algos.sac.math import (actor_loss, critic_loss, soft_q_target, squashed_gaussian_mode,
                                        squashed_gaussian_sample, temperature_loss)
 from tianji_jax.algos.sac.networks import make_sac_networks
-from tianji_jax.networks import check_network
+from tianji_jax.nets.networks import check_network
 
 __all__ = ["SACAgent"]
 
@@ -139,7 +139,7 @@ class SACAgent(ReplayAgent):
 
         Args:
             learner: the learner's state.
-            replay_state: the :class:`~tianji_jax.replay.ReplayState` (at least one item; returned
+            replay_state: the :class:`~tianji_jax.buffers.replay.ReplayState` (at least one item; returned
                 unchanged).
             env_steps: int32 scalar, env steps so far (unused: SAC has no schedule).
             batch_size: static int, items sampled (``config.batch_size / num_shards``).

@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar
 import tyro
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.config_base import _check_bool, _check_float, _torso_text
+from tianji_jax.algos.config_base import _check_bool, _check_float, _torso_text
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["SACConfig"]

@@ -7,17 +7,17 @@ a Gaussian policy whose sample is squashed by ``tanh`` (the squashing and its lo
 used (clipped double Q, Fujimoto et al. 2018). The actor's ``log_std`` is squashed into
 ``[LOG_STD_MIN, LOG_STD_MAX]`` by ``tanh`` as CleanRL's ``sac_continuous_action.py``.
 
-Torsos follow :mod:`tianji_jax.networks` (``torso`` names one of
-:data:`~tianji_jax.networks.TORSOS` or is a user torso factory; :func:`make_sac_networks` also
-takes ``"auto"`` and import paths, through :func:`~tianji_jax.networks.resolve_torso`):
+Torsos follow :mod:`tianji_jax.nets.networks` (``torso`` names one of
+:data:`~tianji_jax.nets.networks.TORSOS` or is a user torso factory; :func:`make_sac_networks` also
+takes ``"auto"`` and import paths, through :func:`~tianji_jax.nets.networks.resolve_torso`):
 
 * ``mlp``: observations flattened (any rank) and cast to float32;
-* ``nature_cnn`` / ``small_cnn``: the image torsos of :mod:`tianji_jax.networks`;
+* ``nature_cnn`` / ``small_cnn``: the image torsos of :mod:`tianji_jax.nets.networks`;
 * a user factory: ``factory()`` maps ``(B, *obs_shape)`` to features ``(B, F)``.
 
 Unlike ``QNetwork``, the MLP of ``hidden_sizes`` always follows the torso's features, for every
 torso (the critics must mix the action into the features, and the actor mirrors them, as
-pixel-based SAC variants do). Initialisation as :mod:`tianji_jax.networks`: orthogonal, hidden
+pixel-based SAC variants do). Initialisation as :mod:`tianji_jax.nets.networks`: orthogonal, hidden
 layers gain ``sqrt(2)``, biases 0; the actor's heads gain 0.01 (a near-zero mean and a mid-range
 ``log_std`` at init), the critics' heads gain 1.
 """
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.networks import _ACT, TORSOS, _custom_features, _dense, _image_torso, resolve_torso
+from tianji_jax.nets.networks import _ACT, TORSOS, _custom_features, _dense, _image_torso, resolve_torso
 
 __all__ = ["SACActor", "TwinQ", "make_sac_networks", "LOG_STD_MIN", "LOG_STD_MAX"]
 
@@ -51,7 +51,7 @@ def _features(torso: Any, obs_shape: tuple[int, ...], obs: jax.Array) -> jax.Arr
     if torso == "mlp":
         return obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
     raise ValueError(f"torso={torso!r}: the SAC networks take {', '.join(repr(t) for t in TORSOS)} or a user "
-                     "torso factory (resolve 'auto' and import paths with tianji_jax.networks.resolve_torso, or "
+                     "torso factory (resolve 'auto' and import paths with tianji_jax.nets.networks.resolve_torso, or "
                      "build the networks with make_sac_networks)")
 
 
@@ -66,7 +66,7 @@ def _mlp(x: jax.Array, hidden_sizes: Sequence[int], activation: str) -> jax.Arra
 
 
 def _head(features: int, scale: float, name: str) -> nn.Dense:
-    """A named output layer, initialised as :func:`tianji_jax.networks._dense` (orthogonal with
+    """A named output layer, initialised as :func:`tianji_jax.nets.networks._dense` (orthogonal with
     gain ``scale``, bias 0)."""
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.constant(0.0),
                     name=name)
@@ -171,9 +171,9 @@ def make_sac_networks(action_dim: int, hidden_sizes: Sequence[int] = (256, 256),
         action_dim: number of action dimensions ``A >= 1``.
         hidden_sizes: hidden widths of the actor's and each critic's MLP.
         activation: ``"relu"`` or ``"tanh"``.
-        torso: ``"auto"`` (:func:`~tianji_jax.networks.choose_torso` of ``obs_shape``), one of
-            :data:`~tianji_jax.networks.TORSOS`, a user torso factory or its import path
-            ``"package.module:factory"`` (:func:`~tianji_jax.networks.resolve_torso`).
+        torso: ``"auto"`` (:func:`~tianji_jax.nets.networks.choose_torso` of ``obs_shape``), one of
+            :data:`~tianji_jax.nets.networks.TORSOS`, a user torso factory or its import path
+            ``"package.module:factory"`` (:func:`~tianji_jax.nets.networks.resolve_torso`).
         obs_shape: one observation's shape, without the batch axis.
 
     Returns:

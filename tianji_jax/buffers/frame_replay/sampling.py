@@ -1,32 +1,23 @@
-"""Reading the frame rings of :mod:`tianji_jax.frame_replay`: index arithmetic, sampling, priority updates.
-
-The index arithmetic works on absolute per-env steps ``t`` (slot ``t mod F``): which steps are
-still held, how far back a stack reaches, whether the transition starting at ``t`` can be
-sampled, and the rebuilt ``S``-frame stacks. The writer (:func:`tianji_jax.frame_replay.add`)
-uses the same functions to keep the per-slot validity and the sum-tree up to date. The read side
-is :class:`FrameSample`, :func:`can_sample`, :func:`sample` and :func:`update_priorities`;
-:mod:`tianji_jax.frame_replay` re-exports them and is the import path to use (its docstring
-describes the layout, validity rule and n-step transitions implemented here).
-
-This module does not import :mod:`tianji_jax.frame_replay` at run time (that module imports this
-one).
-"""
+"""The frame replay's read side: :class:`FrameSample`, :func:`can_sample`, :func:`sample` (the
+``S``-frame stacks rebuilt from the rings, n-step targets) and :func:`update_priorities`, over the
+index arithmetic of :mod:`tianji_jax.buffers.frame_replay.state`.
+:mod:`tianji_jax.buffers.frame_replay` re-exports them and is the import path to use (its
+docstring describes the layout, validity rule and n-step transitions implemented here)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from tianji_jax import sum_tree
-from tianji_jax.transition import Transition
-from tianji_jax.replay_sampling import _check_batch_size, _check_number, _probs_and_weights
-
-if TYPE_CHECKING:
-    from tianji_jax.frame_replay import FrameReplayState
+from tianji_jax.buffers import sum_tree
+from tianji_jax.buffers.transition import Transition
+from tianji_jax.buffers.frame_replay.state import (FrameReplayState, _at, _done, _held, _history, _rows, _stack,
+                                                _valid_start)
+from tianji_jax.buffers.replay.sampling import check_batch_size, check_number, probs_and_weights
 
 __all__ = ["FrameSample", "can_sample", "sample", "update_priorities"]
 
@@ -59,62 +50,6 @@ class FrameSample:
 
 
 # ------------------------------------------------------------------------------------------------
-# index arithmetic (all on absolute per-env steps ``t``; slot = t mod F)
-# ------------------------------------------------------------------------------------------------
-def _held(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """Absolute step ``t`` of env ``e`` is written and not yet overwritten."""
-    w = state.count[e]
-    return (t >= 0) & (t >= w - state.slots_per_env) & (t < w)
-
-
-def _at(arr: jax.Array, state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    return arr[e, t % state.slots_per_env]
-
-
-def _done(state, e, t):
-    return _at(state.terminated, state, e, t) | _at(state.truncated, state, e, t)
-
-
-def _history(state: FrameReplayState, e: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(h, ok)``: frames back to the stack's start frame, capped at ``S - 1``; all of them are held."""
-    s = state.stack
-    h = jnp.full(t.shape, s - 1, jnp.int32)
-    for j in reversed(range(s - 1)):  # the nearest first frame wins
-        h = jnp.where(_held(state, e, t - j) & _at(state.stack_start, state, e, t - j), j, h)
-    return h, _held(state, e, t - h)  # frames t - h .. t are then all held (a contiguous range)
-
-
-def _valid_start(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """The transition starting at absolute step ``t`` of env ``e`` can be sampled (module doc)."""
-    ok = _held(state, e, t) & ~_done(state, e, t)
-    ok &= _history(state, e, t)[1]
-    ended = jnp.zeros(t.shape, bool)
-    for j in range(1, state.n_step + 1):
-        held = _held(state, e, t + j)
-        ok &= ended | (held & ~_at(state.first, state, e, t + j))
-        ended |= held & _done(state, e, t + j)
-    return ok
-
-
-def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
-    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the stack's start frame repeated before it."""
-    h = _history(state, e, t)[0]
-    back = jnp.arange(state.stack - 1, -1, -1, dtype=jnp.int32)  # S-1 .. 0: oldest first
-    pos = t[:, None] - jnp.minimum(back[None, :], h[:, None])
-    return state.frames[e[:, None], pos % state.slots_per_env]
-
-
-# ------------------------------------------------------------------------------------------------
-# row checks (also used by the writer, tianji_jax.frame_replay.add)
-# ------------------------------------------------------------------------------------------------
-def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
-    x = jnp.asarray(x)
-    if x.shape != (b,):
-        raise ValueError(f"{name} must have shape ({b},) (one entry per row), got {x.shape}")
-    return x if dtype is None else x.astype(dtype)
-
-
-# ------------------------------------------------------------------------------------------------
 # the read side
 # ------------------------------------------------------------------------------------------------
 def can_sample(state: FrameReplayState, min_size: int) -> jax.Array:
@@ -123,7 +58,7 @@ def can_sample(state: FrameReplayState, min_size: int) -> jax.Array:
     Raises:
         ValueError: ``min_size < 1`` (when concrete).
     """
-    _check_number("min_size", min_size, 1, math.inf, "an int >= 1")
+    check_number("min_size", min_size, 1, math.inf, "an int >= 1")
     return state.num_valid >= min_size
 
 
@@ -132,7 +67,7 @@ def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float
 
     Uniform buffer: each valid start with probability ``1 / num_valid``. Prioritised buffer:
     ``P(i) = p_i^alpha / sum_k p_k^alpha`` over the valid starts, importance weights
-    ``(p_i / p_min)^-beta`` (as :func:`tianji_jax.replay.sample_prioritised`). Both stacks are
+    ``(p_i / p_min)^-beta`` (as :func:`tianji_jax.buffers.replay.sample_prioritised`). Both stacks are
     rebuilt from the rings. ``O(B (log C + S + n))`` plus copying ``2 B S`` frames.
 
     Args:
@@ -147,8 +82,8 @@ def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float
     Raises:
         ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
     """
-    b = _check_batch_size(batch_size)
-    _check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
+    b = check_batch_size(batch_size)
+    check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
     f = state.slots_per_env
     idx = sum_tree.sample_stratified(state.tree, key, b)
     e, k = idx // f, idx % f
@@ -166,7 +101,7 @@ def sample(state: FrameReplayState, key: jax.Array, batch_size: int, beta: float
     discount = jnp.where(_at(state.terminated, state, e, t + m), 0.0, disc)
     transition = Transition(obs=_stack(state, e, t), action=_at(state.action, state, e, t + 1), reward=ret,
                             discount=discount, next_obs=_stack(state, e, t + m))
-    probs, weights = _probs_and_weights(state.tree, idx, beta)
+    probs, weights = probs_and_weights(state.tree, idx, beta)
     return FrameSample(transition=transition, indices=idx, env_id=e, step=t,
                        policy_version=_at(state.policy_version, state, e, t + 1), probs=probs, weights=weights)
 
@@ -176,7 +111,7 @@ def update_priorities(state: FrameReplayState, indices: jax.Array, step: jax.Arr
     """Set ``p^alpha = (|td| + eps)^alpha`` of sampled transitions (Schaul et al. 2016).
 
     Rows whose slot now holds another step (overwritten since sampling) or is no longer valid
-    are skipped; duplicated indices: the last one wins (:func:`tianji_jax.sum_tree.update`).
+    are skipped; duplicated indices: the last one wins (:func:`tianji_jax.buffers.sum_tree.update`).
     Raises ``max_priority`` to the largest value written. ``O(B log C)``. Jit with
     ``donate_argnums=0``.
 
@@ -193,8 +128,8 @@ def update_priorities(state: FrameReplayState, indices: jax.Array, step: jax.Arr
     """
     if not state.prioritised:
         raise ValueError("update_priorities needs a buffer made with init(..., prioritised=True)")
-    _check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
-    _check_number("eps", eps, 0.0, math.inf, ">= 0")
+    check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
+    check_number("eps", eps, 0.0, math.inf, ">= 0")
     indices = jnp.asarray(indices, jnp.int32)
     b = indices.shape[0] if indices.ndim == 1 else -1
     if b < 0:

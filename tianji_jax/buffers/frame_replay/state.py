@@ -1,72 +1,7 @@
-"""Frame-deduplicated replay for Atari-style stacked observations, as a small pure API.
+"""The frame replay's state and write side: :class:`FrameReplayState`, its sizes, :func:`init`,
+:func:`add`, and the ring's index arithmetic the read side shares. The layout, the validity rule
+of a sampled transition and the usage are on the package (:mod:`tianji_jax.buffers.frame_replay`)."""
 
-A DQN replay item for Atari is ``(obs, action, n-step reward, discount, next_obs)`` where ``obs``
-and ``next_obs`` are stacks of ``S = 4`` frames of ``84 x 84`` uint8. Stored naively every frame
-is kept ``2 S = 8`` times (in four ``obs`` stacks and four ``next_obs`` stacks). This buffer
-stores every frame once, per env, in a ring of single frames, and rebuilds both stacks at sample
-time by index arithmetic (as Dopamine's circular replay buffer and Mnih et al. 2015's replay
-memory do), so a 1M-transition Pong buffer takes about 6.6 GiB instead of 52.6 GiB (see
-:func:`frame_replay_bytes`)::
-
-    state = frame_replay.init(num_envs=8, capacity=1_000_000, frame_shape=(84, 84),
-                              stack=4, n_step=3, gamma=0.99, prioritised=True)
-    add = jax.jit(frame_replay.add, donate_argnums=0)
-    sample = jax.jit(frame_replay.sample, static_argnames="batch_size")
-    update = jax.jit(frame_replay.update_priorities, donate_argnums=0)
-
-    state = add(state, frame, action, reward, terminated, truncated, first, version)  # per env step
-    if frame_replay.can_sample(state, min_size=50_000):
-        s = sample(state, key, batch_size=32, beta=beta)   # s.transition: a dqn.Transition
-        ...
-        state = update(state, s.indices, s.step, td, alpha=0.6)
-
-Input: one call per env step, a batch over envs (rows ``B``, env ids ``env_id``) of
-    ``frame`` ``(B, H, W)`` -- the newest frame of the env's stacked observation (envpool:
-    ``obs[:, -1]``); ``action`` ``(B,)`` -- the action whose step produced ``frame``;
-    ``reward``, ``terminated``, ``truncated`` ``(B,)`` of that step; ``first`` ``(B,)`` -- True
-    where ``frame`` is the first frame of a new episode (its action/reward/flags are ignored);
-    ``version`` -- the policy version that chose ``action``; optional ``final_frame`` for
-    same-step auto-reset envs. Mapping for the actors of this library:
-
-    * envpool / gymnasium via :class:`tianji_jax.envs.host.HostStep` (next-step auto-reset): pass
-      ``frame=step.obs[:, -1]``, ``first=~step.valid`` (the reset step after a done, and the first
-      obs after :meth:`reset`), ``terminated``/``truncated`` from the step, ``env_id=step.env_id``
-      (async envpool batches hold a subset of envs), the actions sent for those envs, no
-      ``final_frame``. On a done step ``obs`` is already the true final observation. With
-      ``episodic_life=True`` also pass ``stack_reset`` (see :func:`add`).
-    * same-step auto-reset envs (gymnax, :class:`tianji_jax.envs.core.Timestep`): pass
-      ``frame=`` the newest frame of ``ts.obs`` (the next episode's first frame on done steps)
-      and ``final_frame=`` the newest frame of ``ts.final_obs``; done rows then write two slots
-      (the final frame, then the new episode's first frame). Pass ``first=True`` for the initial
-      reset frames.
-
-Episode boundaries: a stack that would reach back before its episode's first frame repeats that
-first frame, which is what envpool's frame stacking does at reset (checked with envpool 1.2.5
-Pong-v5 in ``tests/test_frame_replay.py``: the reset observation is four copies of the reset
-frame and each step shifts in one new frame). No frame of an earlier episode ever enters a stack
--- except where the env itself keeps stacking across a reset (envpool's ``episodic_life``: see
-``stack_reset`` in :func:`add`); the rebuilt stacks always equal what the env showed the agent.
-
-Which transitions can be sampled: a start ``t`` (absolute step of env ``e``, whose frame is the
-newest of ``obs``) is *valid* iff (i) its frame is not an episode's final frame, (ii) the frames
-its ``obs`` stack needs (back to ``t - S + 1`` or the stack's start frame) are still held, i.e.
-not overwritten by the ring, and (iii) its lookahead is complete: the next ``m`` frames are
-written and in the same episode, ``m = n`` or fewer where the episode ended (terminated or
-truncated) at ``t + m``. Validity is kept per slot and every change of it (a write completes
-lookaheads of the ``n`` previous starts, and overwrites the history of the oldest ``S - 1``) is
-pushed into one sum-tree (:mod:`tianji_jax.sum_tree`) whose leaf is ``valid * priority`` (or
-``valid * 1`` for a uniform buffer), so sampling never returns an invalid start and costs
-``O(B log C)``.
-
-n-step transitions (Hessel et al. 2018, as :func:`tianji_jax.algos.dqn.n_step_transitions`):
-``reward = sum_{j<m} gamma^j r_{t+j}``, ``discount = gamma^m`` or 0 where the episode terminated
-at ``t + m``, ``next_obs`` = the stack ending at frame ``t + m`` (the true final frame at a
-truncation).
-
-Stamps: each transition carries the policy version that chose its action (``policy_version``)
-and its identity ``(env_id, step)`` so priority updates skip starts overwritten since sampling.
-Counters are int32 per env (``2^31`` steps per env).
-"""
 
 import math
 from typing import Any
@@ -76,13 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tianji_jax import replay, sum_tree
-from tianji_jax.frame_replay_sample import (FrameSample, _at, _held, _rows, _valid_start, can_sample, sample,
-                                            update_priorities)
+from tianji_jax.buffers import sum_tree
+from tianji_jax.buffers.replay.state import check_fits
 
 
-__all__ = ["FrameReplayState", "FrameSample", "init", "add", "can_sample", "sample", "update_priorities",
-           "frame_replay_bytes", "slots_per_env"]
+__all__ = ["FrameReplayState", "init", "add", "frame_replay_bytes", "slots_per_env"]
 
 # per slot: action, reward, version, step_index, priority (4 bytes each) + first, stack_start,
 # terminated, truncated, valid (1 byte each)
@@ -114,7 +47,7 @@ class FrameReplayState:
         priority: ``(E, F)`` float32 ``p^alpha`` of the transition starting at the slot (new:
             ``max_priority``); all 1 and unused in a uniform buffer.
         valid: ``(E, F)`` bool, the transition starting at the slot can be sampled (module doc).
-        tree: :class:`~tianji_jax.sum_tree.SumTree` over the ``E * F`` slots (flat index
+        tree: :class:`~tianji_jax.buffers.sum_tree.SumTree` over the ``E * F`` slots (flat index
             ``e * F + k``), leaf ``valid * priority``.
         count: ``(E,)`` int32 steps written per env (next slot ``count % F``).
         num_valid: ``()`` int32 transitions that can be sampled now (``sum(valid)``, kept
@@ -193,7 +126,7 @@ def frame_replay_bytes(num_envs: int, capacity: int, frame_shape: tuple[int, ...
 
     With ``E F = 10^6`` Atari frames (84 x 84 uint8): ``7.06e9`` frame bytes + ``25e6`` metadata
     + ``16.8e6`` sum-tree = ``7.10e9`` bytes (6.61 GiB), against ``56.5e9`` (52.6 GiB) for
-    :mod:`tianji_jax.replay` storing ``obs`` and ``next_obs`` stacks of 4 frames per transition:
+    :mod:`tianji_jax.buffers.replay` storing ``obs`` and ``next_obs`` stacks of 4 frames per transition:
     about 1/8.
 
     Args:
@@ -217,7 +150,7 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
          device: Any = None, check_memory: bool = True) -> FrameReplayState:
     """Allocate an empty buffer of ``num_envs`` rings of ``ceil(capacity / num_envs)`` frames.
 
-    Eager (outside ``jit``) when ``check_memory``: :func:`tianji_jax.replay.check_fits` runs on
+    Eager (outside ``jit``) when ``check_memory``: :func:`tianji_jax.buffers.replay.check_fits` runs on
     :func:`frame_replay_bytes` first, so an oversized buffer raises ``MemoryError`` before XLA
     allocates anything.
 
@@ -236,7 +169,7 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
 
     Raises:
         ValueError: a bad argument (the message names it and the allowed values).
-        MemoryError: the buffer would not fit (see :func:`tianji_jax.replay.check_fits`).
+        MemoryError: the buffer would not fit (see :func:`tianji_jax.buffers.replay.check_fits`).
     """
     stack = _check_int("stack", stack, 1)
     n_step = _check_int("n_step", n_step, 1)
@@ -253,7 +186,7 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
         raise ValueError(f"prioritised must be a bool, got {prioritised!r}")
     nbytes = frame_replay_bytes(num_envs, capacity, shape, frame_dtype)
     if check_memory:
-        replay.check_fits(nbytes, device)
+        check_fits(nbytes, device)
     e = num_envs
 
     def full(value, dtype, shape=(e, f)):
@@ -271,6 +204,62 @@ def init(num_envs: int, capacity: int, frame_shape: tuple[int, ...] = (84, 84), 
 # ------------------------------------------------------------------------------------------------
 # the buffer
 # ------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# index arithmetic (all on absolute per-env steps ``t``; slot = t mod F)
+# ------------------------------------------------------------------------------------------------
+def _held(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """Absolute step ``t`` of env ``e`` is written and not yet overwritten."""
+    w = state.count[e]
+    return (t >= 0) & (t >= w - state.slots_per_env) & (t < w)
+
+
+def _at(arr: jax.Array, state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    return arr[e, t % state.slots_per_env]
+
+
+def _done(state, e, t):
+    return _at(state.terminated, state, e, t) | _at(state.truncated, state, e, t)
+
+
+def _history(state: FrameReplayState, e: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(h, ok)``: frames back to the stack's start frame, capped at ``S - 1``; all of them are held."""
+    s = state.stack
+    h = jnp.full(t.shape, s - 1, jnp.int32)
+    for j in reversed(range(s - 1)):  # the nearest first frame wins
+        h = jnp.where(_held(state, e, t - j) & _at(state.stack_start, state, e, t - j), j, h)
+    return h, _held(state, e, t - h)  # frames t - h .. t are then all held (a contiguous range)
+
+
+def _valid_start(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """The transition starting at absolute step ``t`` of env ``e`` can be sampled (module doc)."""
+    ok = _held(state, e, t) & ~_done(state, e, t)
+    ok &= _history(state, e, t)[1]
+    ended = jnp.zeros(t.shape, bool)
+    for j in range(1, state.n_step + 1):
+        held = _held(state, e, t + j)
+        ok &= ended | (held & ~_at(state.first, state, e, t + j))
+        ended |= held & _done(state, e, t + j)
+    return ok
+
+
+def _stack(state: FrameReplayState, e: jax.Array, t: jax.Array) -> jax.Array:
+    """``(B, S, *frame_shape)`` frames ``t - S + 1 .. t``, the stack's start frame repeated before it."""
+    h = _history(state, e, t)[0]
+    back = jnp.arange(state.stack - 1, -1, -1, dtype=jnp.int32)  # S-1 .. 0: oldest first
+    pos = t[:, None] - jnp.minimum(back[None, :], h[:, None])
+    return state.frames[e[:, None], pos % state.slots_per_env]
+
+
+# ------------------------------------------------------------------------------------------------
+# row checks (the writer, add, and the read side, in sampling.py)
+# ------------------------------------------------------------------------------------------------
+def _rows(name: str, x: Any, b: int, dtype: Any = None) -> jax.Array:
+    x = jnp.asarray(x)
+    if x.shape != (b,):
+        raise ValueError(f"{name} must have shape ({b},) (one entry per row), got {x.shape}")
+    return x if dtype is None else x.astype(dtype)
+
+
 def _write(state: FrameReplayState, env: jax.Array, frame: jax.Array, action: jax.Array, reward: jax.Array,
            terminated: jax.Array, truncated: jax.Array, first: jax.Array, stack_start: jax.Array,
            version: jax.Array, mask: jax.Array) -> FrameReplayState:

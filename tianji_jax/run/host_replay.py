@@ -3,7 +3,7 @@ SAC, ...): its deterministic-policy evaluator (:func:`replay_evaluator`, :func:`
 :func:`train_replay` (what :func:`~tianji_jax.training.train` runs for a replay config: the same
 host loop and run-directory files as the on-policy algorithms over compiled replay chunks), its
 metrics rows (:func:`replay_row`) and the async runtime's host loop (:func:`run_async_replay`).
-The agent supplies its row columns (``ROW_METRICS``, ``EXPLORE_METRIC``). The pieces every algorithm shares are in :mod:`tianji_jax.host_loop`,
+The agent supplies its row columns (``ROW_METRICS``, ``EXPLORE_METRIC``). The pieces every algorithm shares are in :mod:`tianji_jax.run.host_loop`,
 looked up there at call time."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax import host_loop  # its functions looked up at call time, where tests patch them
-from tianji_jax.evaluation import EvalResult
-from tianji_jax.profiling import timed
-from tianji_jax.results import TrainResult
-from tianji_jax.run_files import RunFiles, stack_actors
+from tianji_jax.run import host_loop  # its functions looked up at call time, where tests patch them
+from tianji_jax.run.evaluation import EvalResult
+from tianji_jax.run.profiling import timed
+from tianji_jax.run.results import TrainResult
+from tianji_jax.run.run_files import RunFiles, stack_actors
 
 __all__ = ["replay_evaluator", "evaluate_replay", "train_replay", "replay_row", "run_async_replay"]
 
@@ -32,7 +32,7 @@ def replay_evaluator(config: Any, num_episodes: int):
     learner's observation statistics with ``normalize_observations``, frozen: read, never updated)
     normalises what the policy sees, and is unused (None) otherwise."""
     from tianji_jax.algos.replay_agent import ActingParams
-    from tianji_jax.evaluation import make_policy_evaluate
+    from tianji_jax.run.evaluation import make_policy_evaluate
     from tianji_jax.runtime.anakin import compile_key, one_device, shared_train
 
     trainer = shared_train(one_device(config))  # only its agent: evaluation runs on one device

@@ -1,6 +1,6 @@
 """The n-step transition, the item a DQN-family replay stores: shared by the math that builds it
 (:func:`tianji_jax.algos.dqn.n_step_transitions`) and the buffers that store and sample it
-(:mod:`tianji_jax.replay`, :mod:`tianji_jax.frame_replay`), so neither side imports the other.
+(:mod:`tianji_jax.buffers.replay`, :mod:`tianji_jax.buffers.frame_replay`), so neither side imports the other.
 """
 
 from __future__ import annotations

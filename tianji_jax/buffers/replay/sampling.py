@@ -1,30 +1,27 @@
 """Read side of the device replay buffer: the sampled batch, uniform and prioritised draws, priority updates.
 
-:mod:`tianji_jax.replay` re-exports everything public here (:class:`ReplaySample`,
+:mod:`tianji_jax.buffers.replay` re-exports everything public here (:class:`ReplaySample`,
 :func:`can_sample`, :func:`sample`, :func:`sample_prioritised`, :func:`update_priorities`), and
 that is the import path to use; its docstring gives the buffer's layout, invariants and the
 prioritised-replay formulas (Schaul et al. 2016) these functions implement. Also here: the
 argument checks and the ``P(i)`` / importance-weight computation that the frame-deduplicated
-buffer (:mod:`tianji_jax.frame_replay`) shares.
+buffer (:mod:`tianji_jax.buffers.frame_replay`) shares.
 
-Every function is pure over a :class:`~tianji_jax.replay.ReplayState`; this module does not
-import :mod:`tianji_jax.replay` at run time (that module imports this one).
+Every function is pure over a :class:`~tianji_jax.buffers.replay.ReplayState`.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from tianji_jax import sum_tree
-
-if TYPE_CHECKING:
-    from tianji_jax.replay import ReplayState
+from tianji_jax.buffers import sum_tree
+from tianji_jax.buffers.replay.state import ReplayState, _is_int
 
 __all__ = ["ReplaySample", "can_sample", "sample", "sample_prioritised", "update_priorities"]
 
@@ -53,19 +50,23 @@ class ReplaySample:
 
 
 # ------------------------------------------------------------------------------------------------
-# argument checks (shared with tianji_jax.replay and tianji_jax.frame_replay)
+# argument checks (shared with tianji_jax.buffers.replay and tianji_jax.buffers.frame_replay)
 # ------------------------------------------------------------------------------------------------
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+def check_number(name: str, value: Any, lo: float, hi: float, allowed: str) -> None:
+    """Validate a concrete Python number argument ``name`` against ``[lo, hi]``; traced values
+    pass unchecked (they are only known inside the compiled program).
 
-
-def _check_number(name: str, value: Any, lo: float, hi: float, allowed: str) -> None:
-    """Validate a concrete Python number; traced values pass unchecked (documented)."""
+    Raises:
+        ValueError: ``value`` is a number outside ``[lo, hi]``; the message says ``allowed``."""
     if isinstance(value, numbers.Number) and not lo <= value <= hi:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
-def _check_batch_size(batch_size: Any) -> int:
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int: a Python int >= 1 (static under ``jit``: it sets array shapes).
+
+    Raises:
+        ValueError: anything else (a bool, a float, a traced value, a value < 1)."""
     if not _is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a Python int >= 1 (static under jit), got {batch_size!r}")
     return int(batch_size)
@@ -80,7 +81,7 @@ def can_sample(state: ReplayState, min_size: int) -> jax.Array:
     Raises:
         ValueError: ``min_size < 1`` (when concrete).
     """
-    _check_number("min_size", min_size, 1, math.inf, "an int >= 1")
+    check_number("min_size", min_size, 1, math.inf, "an int >= 1")
     return state.size >= min_size
 
 
@@ -109,7 +110,7 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int) -> ReplaySample:
     Raises:
         ValueError: bad ``batch_size``.
     """
-    b = _check_batch_size(batch_size)
+    b = check_batch_size(batch_size)
     size = state.size
     idx = jax.random.randint(key, (b,), 0, jnp.maximum(size, 1), dtype=jnp.int32)
     empty = size == 0
@@ -123,7 +124,7 @@ def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta
 
     Draws slot ``i`` with ``P(i) = p_i^alpha / sum_k p_k^alpha`` (the buffer stores ``p^alpha``)
     from the sum-tree, stratified as in the paper's appendix B.2.1: the total is cut into ``B``
-    equal segments and one draw is taken uniformly in each (:func:`tianji_jax.sum_tree.sample_stratified`),
+    equal segments and one draw is taken uniformly in each (:func:`tianji_jax.buffers.sum_tree.sample_stratified`),
     so the batch comes in slot order and each slot's count in it is within 2 of ``B P(i)``.
     Unwritten slots have priority 0 and are never drawn, nor are written slots whose priority is
     0. ``O(B log C)`` per call.
@@ -143,14 +144,16 @@ def sample_prioritised(state: ReplayState, key: jax.Array, batch_size: int, beta
     Raises:
         ValueError: bad ``batch_size``; ``beta`` outside [0, 1] (when concrete).
     """
-    b = _check_batch_size(batch_size)
-    _check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
+    b = check_batch_size(batch_size)
+    check_number("beta", beta, 0.0, 1.0, "in [0, 1] (importance-sampling exponent)")
     idx = sum_tree.sample_stratified(state.tree, key, b)
-    return _gather(state, idx, *_probs_and_weights(state.tree, idx, beta))
+    return _gather(state, idx, *probs_and_weights(state.tree, idx, beta))
 
 
-def _probs_and_weights(tree: sum_tree.SumTree, idx: jax.Array, beta: Any) -> tuple[jax.Array, jax.Array]:
-    """``P(i) = p_i / total`` and ``w_i = (p_i / p_min)^-beta`` of drawn slots (0 and 0 if empty)."""
+def probs_and_weights(tree: sum_tree.SumTree, idx: jax.Array, beta: Any) -> tuple[jax.Array, jax.Array]:
+    """``P(i) = p_i / total`` and ``w_i = (p_i / p_min)^-beta`` of the drawn slots ``idx``
+    (``(B,)`` int32) of a sum-tree: two ``(B,)`` float32 arrays (both 0 where the tree is empty;
+    Schaul et al. 2016, section 3.4)."""
     total = sum_tree.total(tree)
     empty = total <= 0
     p_i = sum_tree.get(tree, idx)
@@ -192,8 +195,8 @@ def update_priorities(
     Raises:
         ValueError: ``alpha < 0`` or ``eps < 0`` (when concrete); shapes not ``(B,)``.
     """
-    _check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
-    _check_number("eps", eps, 0.0, math.inf, ">= 0")
+    check_number("alpha", alpha, 0.0, math.inf, ">= 0 (priority exponent)")
+    check_number("eps", eps, 0.0, math.inf, ">= 0")
     indices = jnp.asarray(indices, jnp.int32)
     td_errors = jnp.asarray(td_errors, jnp.float32)
     if indices.ndim != 1 or td_errors.shape != indices.shape:

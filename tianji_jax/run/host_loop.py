@@ -3,7 +3,7 @@
 over compiled chunks (:func:`run_anakin`), the async runtime's loop (:func:`run_async`), the end
 of a run (:func:`finish`), the async runtime's columns (:func:`async_columns`) and resume argument
 (:func:`async_restore`). The algorithms' own pieces (row builders, what a row checkpoints) are in
-:mod:`tianji_jax.host_on_policy` and :mod:`tianji_jax.host_replay`."""
+:mod:`tianji_jax.run.host_on_policy` and :mod:`tianji_jax.run.host_replay`."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
-from tianji_jax.config import DQNConfig, PPOConfig
-from tianji_jax.logging import ProgressDisplay
-from tianji_jax.profiling import phase
-from tianji_jax.results import TrainResult
-from tianji_jax.run_files import RunFiles, unstack_actors
+from tianji_jax.algos.dqn.config import DQNConfig
+from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.run.logging import ProgressDisplay
+from tianji_jax.run.profiling import phase
+from tianji_jax.run.results import TrainResult
+from tianji_jax.run.run_files import RunFiles, unstack_actors
 from tianji_jax.runtime.anakin import host_metrics
 from tianji_jax.runtime.nonfinite import NonFiniteMonitor
 
@@ -173,7 +174,7 @@ def save_params(path: Path, params: Any) -> None:
     multi-host: host copies (orbax refuses process-local arrays)."""
     import orbax.checkpoint as ocp
 
-    from tianji_jax.checkpoint_io import _single_process_options
+    from tianji_jax.checkpoint.io import _single_process_options
 
     path = path.resolve()
     options = _single_process_options(ocp)
@@ -315,7 +316,7 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
 def async_restore(restored: Any) -> dict | None:
     """The ``restore`` argument of :class:`~tianji_jax.runtime.async_on_policy.AsyncOnPolicy` /
     :class:`~tianji_jax.runtime.async_replay.AsyncReplay` from a restored checkpoint (a
-    :class:`~tianji_jax.checkpoint.Restored`, or None for a new run: None); reports on stderr what
+    :class:`~tianji_jax.checkpoint.core.Restored`, or None for a new run: None); reports on stderr what
     the cut leaves out."""
     if restored is None:
         return None

@@ -10,10 +10,10 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   on restore, so a checkpoint never silently lands in a different structure. A leaf of size zero
   (DQN's n-step window with ``n_step=1``, say) is not written (orbax refuses empty arrays): its
   record says ``"empty": true`` and the restore rebuilds it from its shape and dtype. Each written
-  leaf's record holds its ``checksum`` (:mod:`tianji_jax.checkpoint_verify`), verified on restore,
+  leaf's record holds its ``checksum`` (:mod:`tianji_jax.checkpoint.verify`), verified on restore,
   so corrupt array data raises instead of restoring silently wrong values; and every file of the
   step directory is covered by its file digests (``tianji_file_digests.json``,
-  :mod:`tianji_jax.checkpoint_digests`), checked on every read, so a changed
+  :mod:`tianji_jax.checkpoint.digests`), checked on every read, so a changed
   byte anywhere -- the metadata included -- makes the checkpoint corrupt;
 * ``meta`` (JSON): format version (``format``), the ``tianji_jax_version`` that wrote it (format
   1 checkpoints written before it existed have only ``packages["tianji-jax"]``), algorithm, the
@@ -60,7 +60,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax.checkpoint_verify import one_line
+from tianji_jax.checkpoint.verify import one_line
 
 __all__ = ["CheckpointError", "CorruptCheckpointError", "CheckpointFormatError", "ConfigMismatchError",
            "RunCheckpointer", "Restored", "flatten_state", "unflatten_state", "check_compatible", "migrate_meta",
@@ -356,7 +356,9 @@ def _defaults_for(saved_config: dict, algo: Any) -> dict:
     the saved config rebuilt by this version (so a field it lacks gets its default, resolved as
     ``__post_init__`` resolves it for that config), or, when it cannot be rebuilt (a field since
     removed, an environment object, ...), the class's defaults; ``{}`` for an unknown ``algo``."""
-    from tianji_jax.config import DQNConfig, PPOConfig, config_from_dict
+    from tianji_jax.algos.config_file import config_from_dict
+    from tianji_jax.algos.dqn.config import DQNConfig
+    from tianji_jax.algos.ppo.config import PPOConfig
 
     if not isinstance(algo, str):
         return {}
@@ -446,4 +448,4 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path} is not valid JSON: {err}") from None
 
 
-from tianji_jax.checkpoint_io import Restored, RunCheckpointer  # noqa: E402 - re-exported (imports this module)
+from tianji_jax.checkpoint.io import Restored, RunCheckpointer  # noqa: E402 - re-exported (imports this module)

@@ -21,10 +21,10 @@ from typing import Annotated, Literal
 import tyro
 
 from tianji_jax.algos.registry import algorithm_for, algorithm_names, get_algorithm
-from tianji_jax.cli_argv import (algo_of, check_choices, check_foreign_flags, check_ints, flag_value,
+from tianji_jax.cli.argv import (algo_of, check_choices, check_foreign_flags, check_ints, flag_value,
                                  whole_floats_to_ints)
 from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
-from tianji_jax.run_status import SigintLatch
+from tianji_jax.run.run_status import SigintLatch
 
 __all__ = ["main", "TrainArgs", "DQNTrainArgs", "EvalArgs", "PlotArgs"]
 
@@ -210,7 +210,7 @@ def _parse_train_args(argv: list[str]) -> TrainArgs | DQNTrainArgs | int:
         args = tyro.cli(args_type, args=argv, prog="tianji train", default=default,
                         config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagConversionOff))
         if default is not None:  # a resume: a changed computation is refused before the run is described
-            from tianji_jax.checkpoint import check_compatible
+            from tianji_jax.checkpoint.core import check_compatible
 
             check_compatible({**stored.to_dict(), "algo": algo}, {**args.config.to_dict(), "algo": algo})
         return args
@@ -230,7 +230,7 @@ def _train(argv: list[str]) -> int:
     args = _parse_train_args(argv)
     if isinstance(args, int):
         return args
-    from tianji_jax.checkpoint import CheckpointError
+    from tianji_jax.checkpoint.core import CheckpointError
     from tianji_jax.runtime.nonfinite import NonFiniteError
     from tianji_jax.runtime.async_runtime import PeerStoppedError
     from tianji_jax.training import train
@@ -269,10 +269,10 @@ def _train(argv: list[str]) -> int:
         print(f"tianji train: error: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, PeerStoppedError) as err:  # Ctrl-C (here or, multi-host, on another process)
-        from tianji_jax.run_status import interrupt_message, resume_hint
+        from tianji_jax.run.run_status import interrupt_message, resume_hint
 
         if args.resume is not None:  # a resume that fell back to an older checkpoint went on in a new directory
-            from tianji_jax.checkpoint_verify import continued_in
+            from tianji_jax.checkpoint.verify import continued_in
 
             run_dir = continued_in(run_dir, started) or run_dir
         message = interrupt_message(run_dir, *resume_hint(config, args.checkpoint))
@@ -333,7 +333,7 @@ def _eval(argv: list[str]) -> int:
 
     import numpy as np
 
-    from tianji_jax.checkpoint import CheckpointError
+    from tianji_jax.checkpoint.core import CheckpointError
     from tianji_jax.training import evaluate, load
 
     try:
@@ -365,7 +365,7 @@ def _plot(argv: list[str]) -> int:
         args = _parse(PlotArgs, argv, "tianji plot")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
-    from tianji_jax.plotting import plot_runs
+    from tianji_jax.run.plotting import plot_runs
 
     if not args.run_dirs:
         print("tianji plot: error: give one or more run directories: tianji plot RUN_DIR [RUN_DIR ...]", file=sys.stderr)
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(status)
         return status
     if command == "sweep":
-        from tianji_jax.cli_sweep import sweep_main
+        from tianji_jax.cli.sweep import sweep_main
 
         return sweep_main(rest)
     if command == "eval":

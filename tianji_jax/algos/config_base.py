@@ -149,8 +149,8 @@ def _describe_env_layer(config: Any, normalised: str = "acted on and learned fro
 
 
 def _torso_text(config: Any) -> str:
-    """The network's torso as ``describe()`` states it (see :func:`tianji_jax.networks.resolve_torso`)."""
-    from tianji_jax.networks import resolve_torso, torso_path
+    """The network's torso as ``describe()`` states it (see :func:`tianji_jax.nets.networks.resolve_torso`)."""
+    from tianji_jax.nets.networks import resolve_torso, torso_path
 
     torso = resolve_torso(getattr(config, "torso", "auto"), tuple(config.env_spec.observation_shape))
     chosen = " (auto)" if getattr(config, "torso", "auto") == "auto" else ""
@@ -169,7 +169,7 @@ def _check_torso(config: Any, obs_shape: tuple[int, ...]) -> None:
     Raises:
         ValueError: one line naming the value and what is allowed.
     """
-    from tianji_jax.networks import TORSOS, resolve_torso, torso_factory
+    from tianji_jax.nets.networks import TORSOS, resolve_torso, torso_factory
 
     torso = config.torso
     if torso == "auto" or (isinstance(torso, str) and torso in TORSOS):
@@ -207,7 +207,7 @@ class _AgentConfig:
         if not isinstance(out["env"], str):
             out["env"] = f"object:{type(out['env']).__module__}.{type(out['env']).__qualname__}"
         if "torso" in out and callable(out["torso"]):  # its import path (importable when top-level)
-            from tianji_jax.networks import torso_path
+            from tianji_jax.nets.networks import torso_path
 
             out["torso"] = torso_path(out["torso"])
         out["hidden_sizes"] = list(out["hidden_sizes"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tianji_jax.config_base import _check_int
+from tianji_jax.algos.config_base import _check_int
 
 if TYPE_CHECKING:
     from tianji_jax.envs.registry import EnvSpec
@@ -200,7 +200,7 @@ def _check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
     ``repeat_action_probability``: only envpool Atari games may change them from ``defaults``) and
     whether the run stores stacked uint8 frames in the frame replay (returned), whose per-env ring
     must hold a whole transition."""
-    from tianji_jax.config_base import _check_bool, _check_float
+    from tianji_jax.algos.config_base import _check_bool, _check_float
 
     for name in ("episodic_life", "reward_clip"):
         _check_bool(name, getattr(config, name))
@@ -227,7 +227,7 @@ def _check_distributional(config: Any) -> None:
     """The distributional head of a DQN-family config: ``distributional`` in ('none', 'c51',
     'qr'), ``num_atoms >= 2``, C51's ``v_min < v_max``, no Huber threshold (the losses are
     C51's cross-entropy and QR's quantile Huber loss with kappa 1)."""
-    from tianji_jax.config_base import _check_float
+    from tianji_jax.algos.config_base import _check_float
 
     kinds = ("none", "c51", "qr")
     if config.distributional not in kinds:

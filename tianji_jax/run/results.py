@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from tianji_jax.config import DQNConfig, PPOConfig
+from tianji_jax.algos.dqn.config import DQNConfig
+from tianji_jax.algos.ppo.config import PPOConfig
 from tianji_jax.runtime.anakin import PPOTrainState
 
 __all__ = ["METRIC_COLUMNS", "TrainResult", "LoadedRun"]
@@ -109,7 +110,7 @@ class LoadedRun:
             or :class:`~tianji_jax.runtime.anakin.ReplayTrainState`; a DQN checkpoint saved without
             its replay buffer has an empty one; an async host-env run has ``state.actor = None``).
         step: env steps of the checkpoint.
-        meta: the checkpoint's metadata (see :mod:`tianji_jax.checkpoint`).
+        meta: the checkpoint's metadata (see :mod:`tianji_jax.checkpoint.core`).
         rows: ``metrics.csv`` rows up to the checkpoint.
     """
 

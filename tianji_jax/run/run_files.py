@@ -14,12 +14,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig
-from tianji_jax.logging import CSVLogger, MetricsSink, TensorBoardLogger
-from tianji_jax.profiling import phase
-from tianji_jax.provenance import provenance
-from tianji_jax.results import METRIC_COLUMNS, TrainResult
-from tianji_jax.run_status import check_new_run_dir
+from tianji_jax.algos.dqn.config import DQNConfig
+from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.checkpoint.config import CheckpointConfig
+from tianji_jax.run.logging import CSVLogger, MetricsSink, TensorBoardLogger
+from tianji_jax.run.profiling import phase
+from tianji_jax.run.provenance import provenance
+from tianji_jax.run.results import METRIC_COLUMNS, TrainResult
+from tianji_jax.run.run_status import check_new_run_dir
 from tianji_jax.runtime.anakin import PPOTrainState, one_device, shared_train as make_train
 
 __all__ = ["RunFiles", "state_template", "stack_actors", "unstack_actors"]
@@ -64,7 +66,7 @@ class RunFiles:
     def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
                  resumable: bool):
-        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint import core as ckpt
 
         from tianji_jax.algos.registry import algorithm_for
 
@@ -103,7 +105,7 @@ class RunFiles:
             self._open(resume, checkpoint is None, tensorboard, wandb, derived)
         except BaseException as err:
             if self._kv:  # the other processes wait for the announcement: tell them why it will not come
-                from tianji_jax.checkpoint_verify import one_line
+                from tianji_jax.checkpoint.verify import one_line
                 from tianji_jax.runtime import distributed as dist
 
                 dist.kv_set(self._kv + "/announce", json.dumps({"error": one_line(err)}))
@@ -119,7 +121,7 @@ class RunFiles:
 
     def _check(self, meta: dict) -> None:
         """Raise for a checkpoint this config cannot continue (raised, not skipped)."""
-        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint import core as ckpt
 
         config, algo, run_dir = self.config, self.algo, self.run_dir or self.parts_dir
         if meta.get("algo") != algo:
@@ -147,8 +149,8 @@ class RunFiles:
 
     def _open(self, resume: bool, own_checkpoint: bool, tensorboard: bool, wandb: bool, derived: dict) -> None:
         """Create or reopen the run directory (the only process that writes it)."""
-        from tianji_jax import checkpoint as ckpt
-        from tianji_jax.checkpoint_verify import restore_for_resume
+        from tianji_jax.checkpoint import core as ckpt
+        from tianji_jax.checkpoint.verify import restore_for_resume
 
         if self.run_dir is None:
             return
@@ -179,7 +181,7 @@ class RunFiles:
                 purge = self.restored.step + 1 if self.restored is not None else None
                 loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=purge))
             if wandb:
-                from tianji_jax.logging import WandbLogger
+                from tianji_jax.run.logging import WandbLogger
 
                 loggers.append(WandbLogger(run_dir, self.config_dict, resume=resume))
         except BaseException:
@@ -194,8 +196,8 @@ class RunFiles:
         new directory."""
         import shutil
 
-        from tianji_jax.checkpoint import CheckpointError
-        from tianji_jax.checkpoint_io import part_path
+        from tianji_jax.checkpoint.core import CheckpointError
+        from tianji_jax.checkpoint.io import part_path
 
         missing = [str(part_path(old, step, i)) for i in range(1, self.num_processes)
                    if not part_path(old, step, i).is_file()]
@@ -209,8 +211,8 @@ class RunFiles:
         """Process i > 0 of a multi-host run: wait for process 0's run directory, checkpoint
         settings and resume step; on resume restore the learner state from process 0's
         checkpoint (the replicated learner) and this process's actors and counters from its part."""
-        from tianji_jax import checkpoint as ckpt
-        from tianji_jax.checkpoint_io import load_process_part
+        from tianji_jax.checkpoint import core as ckpt
+        from tianji_jax.checkpoint.io import load_process_part
         from tianji_jax.runtime import distributed as dist
 
         info = json.loads(dist.kv_get(self._kv + "/announce", _WAIT_S, "process 0 to open the run directory"))
@@ -283,7 +285,7 @@ class RunFiles:
         """Checkpoint ``state`` at ``env_steps`` if the interval says so or the run is ``finished``.
 
         Multi-host: process i > 0 writes its part of the cut (its actors, ``extra``'s counters)
-        into process 0's directory (:func:`~tianji_jax.checkpoint_io.save_process_part`) and
+        into process 0's directory (:func:`~tianji_jax.checkpoint.io.save_process_part`) and
         reports it in the job's key-value store; process 0 waits for every report before it
         writes the checkpoint, so a complete checkpoint always has every part."""
         if self.last_saved == env_steps or (self.ckptr is None and self.parts_dir is None):
@@ -293,7 +295,7 @@ class RunFiles:
         if not (due or finished):
             return
         if self.process > 0:
-            from tianji_jax.checkpoint_io import save_process_part
+            from tianji_jax.checkpoint.io import save_process_part
             from tianji_jax.runtime import distributed as dist
 
             part = {k: extra[k] for k in ("async_counters", "stacked_actors", "has_actor") if k in extra}
@@ -327,7 +329,7 @@ class RunFiles:
 
     def _prune_parts(self) -> None:
         if self.num_processes > 1 and self.ckptr is not None:
-            from tianji_jax.checkpoint_io import prune_process_parts
+            from tianji_jax.checkpoint.io import prune_process_parts
 
             prune_process_parts(self.ckptr.run_dir)
 
@@ -350,7 +352,7 @@ class RunFiles:
                 self.sink.close()
 
     def result(self, state: Any, stopped: bool) -> TrainResult:
-        """The :class:`~tianji_jax.results.TrainResult` of the run: ``state``, the rows kept so far as
+        """The :class:`~tianji_jax.run.results.TrainResult` of the run: ``state``, the rows kept so far as
         its ``curve``, ``stopped`` as ``stopped_early``."""
         curve = {c: np.asarray([r.get(c, math.nan) for r in self.rows], np.float64) for c in METRIC_COLUMNS}
         return TrainResult(config=self.config, state=state, curve=curve, run_dir=self.run_dir, stopped_early=stopped,

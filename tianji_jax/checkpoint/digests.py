@@ -1,7 +1,7 @@
 """File digests of checkpoints: the size and sha256 of every file of a checkpoint's step
 directory, so that no changed byte of any file loads silently.
 
-Once orbax has completed a checkpoint, :class:`~tianji_jax.checkpoint.RunCheckpointer` writes
+Once orbax has completed a checkpoint, :class:`~tianji_jax.checkpoint.core.RunCheckpointer` writes
 ``<step>/`` :data:`DIGESTS_FILE` (:func:`write_file_digests`, driven by :class:`DigestWriter`):
 the size and sha256 of every other file of the step directory (orbax's metadata, the OCDBT
 manifests and data files, tianji's ``meta``, the metrics), sealed by the sha256 of its own

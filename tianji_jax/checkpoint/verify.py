@@ -8,11 +8,11 @@ from the newest intact checkpoint of a run.
   change of one word (a flipped bit, a zeroed or garbled value) changes the sum; the reduction is
   exact integer arithmetic, hence the same on every backend and in every reduction order. It
   costs one fused pass over the state, cheap next to writing it, even for a replay buffer of
-  several GB. :class:`~tianji_jax.checkpoint.RunCheckpointer` stores them in each leaf's record
+  several GB. :class:`~tianji_jax.checkpoint.core.RunCheckpointer` stores them in each leaf's record
   of ``meta["leaves"]`` at save time and verifies them after a restore, on the host arrays read,
   with the same arithmetic in numpy (:func:`host_leaf_checksums`: a restore compiles nothing);
   checkpoints written before checksums existed are restored unverified.
-* File digests of every file of a checkpoint: :mod:`tianji_jax.checkpoint_digests`.
+* File digests of every file of a checkpoint: :mod:`tianji_jax.checkpoint.digests`.
 * Unreadable checkpoints: orbax's restore gathers its array reads in an event loop that it closes
   as soon as one read fails; the reads still in flight then complete into the closed loop, and
   tensorstore reports each as an unraisable ``RuntimeError: Event loop is closed`` (and each
@@ -276,7 +276,7 @@ def restore_newest_intact(ckptr: Any, template_for: Callable[[dict], Any], *,
     """Restore the newest checkpoint of ``ckptr`` that is intact (readable, verified checksums).
 
     Args:
-        ckptr: a :class:`~tianji_jax.checkpoint.RunCheckpointer`.
+        ckptr: a :class:`~tianji_jax.checkpoint.core.RunCheckpointer`.
         template_for: the train-state template for a checkpoint's metadata.
         check: called with the metadata before the restore; what it raises propagates (a
             checkpoint the caller cannot use is not a corrupt one).
@@ -284,14 +284,14 @@ def restore_newest_intact(ckptr: Any, template_for: Callable[[dict], Any], *,
         report: receives ``checkpoint <step> skipped: <reason>`` for each corrupt checkpoint skipped.
 
     Returns:
-        ``(restored, skipped)``: the :class:`~tianji_jax.checkpoint.Restored` and ``{step: reason}``
+        ``(restored, skipped)``: the :class:`~tianji_jax.checkpoint.core.Restored` and ``{step: reason}``
         of the newer checkpoints skipped.
 
     Raises:
-        tianji_jax.checkpoint.CheckpointError: ``step`` is missing or corrupt, or no checkpoint is
+        tianji_jax.checkpoint.core.CheckpointError: ``step`` is missing or corrupt, or no checkpoint is
             intact (one line naming each step and its reason).
     """
-    from tianji_jax.checkpoint import CheckpointError, CorruptCheckpointError
+    from tianji_jax.checkpoint.core import CheckpointError, CorruptCheckpointError
 
     steps = [step] if step is not None else sorted(ckptr.steps(), reverse=True)
     skipped: dict[int, str] = {}
@@ -376,10 +376,10 @@ def restore_for_resume(run_dir: str | Path, template_for: Callable[[dict], Any],
         ``(restored, directory the run continues in)``.
 
     Raises:
-        tianji_jax.checkpoint.CheckpointError: ``run_dir`` holds no intact checkpoint.
+        tianji_jax.checkpoint.core.CheckpointError: ``run_dir`` holds no intact checkpoint.
         Whatever ``check`` raises for the metadata of a checkpoint.
     """
-    from tianji_jax.checkpoint import RunCheckpointer
+    from tianji_jax.checkpoint.core import RunCheckpointer
 
     run_dir = Path(run_dir)
     reader = RunCheckpointer(run_dir, read_only=True)

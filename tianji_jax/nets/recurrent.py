@@ -1,5 +1,5 @@
 """Recurrent actor-critic networks (Flax linen): a torso, a recurrent core (an LSTM or a GRU), then
-the policy and value heads of :class:`~tianji_jax.networks.ActorCritic` (PureJaxRL ``ppo_rnn``'s
+the policy and value heads of :class:`~tianji_jax.nets.networks.ActorCritic` (PureJaxRL ``ppo_rnn``'s
 layout: an embedding, the core, separate actor and critic MLPs).
 
 Sources: the LSTM of Hochreiter & Schmidhuber 1997 ("Long Short-Term Memory", with the forget gate
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.networks import _ACT, NatureCNN, _custom_features, _dense, _image_torso, _norm
+from tianji_jax.nets.networks import _ACT, NatureCNN, _custom_features, _dense, _image_torso, _norm
 
 __all__ = ["CELLS", "RecurrentActorCritic", "RecurrentQNetwork", "initial_carry", "reset_carry"]
 
@@ -53,8 +53,8 @@ def reset_carry(carry: Any, reset: jax.Array) -> Any:
 class _Features(nn.Module):
     """The torso before the core: observations ``(B, *obs_shape)`` -> features ``(B, F)`` float32: one
     dense layer of ``hidden_sizes[0]`` units and the activation (``torso='mlp'``, observations
-    flattened: an embedding), :class:`~tianji_jax.networks.SmallCNN` (``'small_cnn'``),
-    :class:`~tianji_jax.networks.NatureCNN` (``'nature_cnn'``) or a user torso factory's module."""
+    flattened: an embedding), :class:`~tianji_jax.nets.networks.SmallCNN` (``'small_cnn'``),
+    :class:`~tianji_jax.nets.networks.NatureCNN` (``'nature_cnn'``) or a user torso factory's module."""
 
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
@@ -75,7 +75,7 @@ class _Features(nn.Module):
 
 class _Heads(nn.Module):
     """Policy and value heads on the core's output ``(..., H)``: for the ``mlp`` / ``small_cnn``
-    torsos separate actor and critic MLPs of ``hidden_sizes`` first (as :class:`~tianji_jax.networks.ActorCritic`),
+    torsos separate actor and critic MLPs of ``hidden_sizes`` first (as :class:`~tianji_jax.nets.networks.ActorCritic`),
     else linear heads directly."""
 
     action_dim: int
@@ -113,12 +113,12 @@ class RecurrentActorCritic(nn.Module):
     """Recurrent actor-critic: torso -> core -> heads, the torso and core shared by policy and value.
 
     * torso: ``mlp``: a dense embedding of ``hidden_sizes[0]`` units (the MLP itself follows the
-      core); ``small_cnn`` / ``nature_cnn`` / a user torso: as in :class:`~tianji_jax.networks.ActorCritic`;
+      core); ``small_cnn`` / ``nature_cnn`` / a user torso: as in :class:`~tianji_jax.nets.networks.ActorCritic`;
     * core: an ``nn.OptimizedLSTMCell`` / ``nn.GRUCell`` of ``rnn_hidden_size`` units (flax's
       initialisation: LeCun-normal input kernels, orthogonal recurrent kernels, zero biases);
     * heads: for ``mlp`` and ``small_cnn``, separate actor and critic MLPs of ``hidden_sizes``
       (orthogonal gain sqrt(2)) on the core's output, then the linear heads (policy gain 0.01, value
-      gain 1, biases 0), as :class:`~tianji_jax.networks.ActorCritic`; linear heads directly otherwise.
+      gain 1, biases 0), as :class:`~tianji_jax.nets.networks.ActorCritic`; linear heads directly otherwise.
 
     Attributes:
         action_dim: number of actions (Discrete) or action dimensions (Box).
@@ -127,7 +127,7 @@ class RecurrentActorCritic(nn.Module):
             ``log_std_init``).
         hidden_sizes: widths of the torso's MLP (``mlp`` and ``small_cnn`` torsos).
         activation: ``"tanh"`` or ``"relu"`` (the MLP's).
-        torso: one of :data:`~tianji_jax.networks.TORSOS` or a user torso factory.
+        torso: one of :data:`~tianji_jax.nets.networks.TORSOS` or a user torso factory.
         obs_shape: one observation's shape (tells the small CNN the channel layout).
         cell: ``"lstm"`` or ``"gru"`` (:data:`CELLS`).
         rnn_hidden_size: ``H``, the core's units.
@@ -190,7 +190,7 @@ class RecurrentActorCritic(nn.Module):
 class _QHead(nn.Module):
     """Q-values on the core's output ``(..., H)``: for the ``mlp`` / ``small_cnn`` torsos an MLP of
     ``hidden_sizes`` first (a LayerNorm after each hidden Dense with ``layer_norm``, as
-    :class:`~tianji_jax.networks.QNetwork`), then a linear head of ``action_dim`` values."""
+    :class:`~tianji_jax.nets.networks.QNetwork`), then a linear head of ``action_dim`` values."""
 
     action_dim: int
     hidden_sizes: Sequence[int] = (64, 64)

@@ -170,14 +170,14 @@ def check_foreign_flags(argv: list[str], algo: str, cls: type) -> None:
     """Refuse, in one line, an option that ``algo``'s argument dataclass ``cls`` lacks but another
     registered algorithm's config has (``tianji train --algo dqn --recurrent lstm``), naming the
     algorithms that take it and, where the capability table gives one
-    (:func:`~tianji_jax.capabilities.field_reason`), why ``algo`` does not. Other unknown options
+    (:func:`~tianji_jax.algos.capabilities.field_reason`), why ``algo`` does not. Other unknown options
     are left to the parser.
 
     Raises:
         ValueError: such an option.
     """
     from tianji_jax.algos.registry import algorithm_names, get_algorithm
-    from tianji_jax.capabilities import field_reason
+    from tianji_jax.algos.capabilities import field_reason
 
     own: set[str] = set()
     _walk_fields(cls, lambda f, tp: own.add(f.name))

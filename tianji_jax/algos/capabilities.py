@@ -158,7 +158,7 @@ def check_schedule_log(config: Any, env_backend: str) -> None:
         return
     if not isinstance(replay, str) or not replay:
         raise ValueError(f"replay_schedule must be the path of a schedule.jsonl or None, got {replay!r}")
-    from tianji_jax.schedule_file import load_schedule
+    from tianji_jax.buffers.schedule_file import load_schedule
 
     try:
         schedule = load_schedule(replay)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tianji_jax.rate_limiter import RateLimiter
+from tianji_jax.buffers.rate_limiter import RateLimiter
 
 __all__ = ["TrajectoryItem", "TrajectoryQueue", "ReplayIngress"]
 
@@ -171,7 +171,7 @@ class TrajectoryQueue(_Inbox):
     several, admitted rollouts can finish out of order, and the gate in :meth:`get` still holds.
 
     Args:
-        limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` (PPO: ``spi=1``).
+        limiter: a :class:`~tianji_jax.buffers.rate_limiter.RateLimiter` (PPO: ``spi=1``).
         max_policy_lag: ``K >= 0``, in policy versions.
 
     Raises:
@@ -272,7 +272,7 @@ class ReplayIngress(_Inbox):
     ``produced == inserted + dropped_stale + resident`` (``resident``: in the inbox).
 
     Args:
-        limiter: a :class:`~tianji_jax.rate_limiter.RateLimiter` counting env steps inserted and
+        limiter: a :class:`~tianji_jax.buffers.rate_limiter.RateLimiter` counting env steps inserted and
             items sampled.
         max_policy_lag: ``K >= 0``, in policy versions.
 

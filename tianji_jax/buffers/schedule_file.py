@@ -191,7 +191,7 @@ class ScheduleRecorder:
 
     def record(self, update: int, item: Any, dropped: list[tuple[int, int, int]]) -> None:
         """Update ``update`` (the learner's version before it) consumed ``item`` (a
-        :class:`~tianji_jax.buffers.TrajectoryItem`); ``dropped``:
+        :class:`~tianji_jax.buffers.queues.TrajectoryItem`); ``dropped``:
         ``(actor, rollout, version)`` of the rollouts the gate dropped since the previous update."""
         self._write({"update": update, "actor": item.actor_id, "rollout": item.rollout, "version": item.version,
                      "dropped": [list(d) for d in dropped]})

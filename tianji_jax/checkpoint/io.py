@@ -1,11 +1,11 @@
 """The run checkpointer: :class:`RunCheckpointer` writes and reads the orbax checkpoints of one run
 directory (``RUN_DIR/checkpoints/<env_steps>/``); what a checkpoint holds, the format policy and
-the compatibility checks are :mod:`tianji_jax.checkpoint`'s (which re-exports this module's names).
+the compatibility checks are :mod:`tianji_jax.checkpoint.core`'s (which re-exports this module's names).
 Multi-host runs add each other process's part of a checkpoint cut
 (``RUN_DIR/process_parts/<env_steps>/process_<i>.npz``: :func:`save_process_part`).
 
 The format constants (``FORMAT_VERSION``, ``MIGRATIONS``, ``ALLOWED_MISSING_LEAVES``) are read from
-:mod:`tianji_jax.checkpoint` at call time, so a test or a migration that replaces them there is seen here.
+:mod:`tianji_jax.checkpoint.core` at call time, so a test or a migration that replaces them there is seen here.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from tianji_jax import checkpoint as fmt
-from tianji_jax.checkpoint import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _array_key, _leaf_paths, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
-from tianji_jax.checkpoint_digests import DigestWriter, check_file_digests
-from tianji_jax.checkpoint_verify import host_leaf_checksums, leaf_checksums, one_line, quiet_abandoned_reads, warn
+from tianji_jax.checkpoint import core as fmt
+from tianji_jax.checkpoint.core import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _array_key, _leaf_paths, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
+from tianji_jax.checkpoint.digests import DigestWriter, check_file_digests
+from tianji_jax.checkpoint.verify import host_leaf_checksums, leaf_checksums, one_line, quiet_abandoned_reads, warn
 
 __all__ = ["RunCheckpointer", "Restored", "part_path", "save_process_part", "load_process_part",
            "prune_process_parts"]
@@ -36,7 +36,7 @@ def _collect_quietly() -> None:
     """Collect garbage with warnings ignored: orbax's write coroutines abandoned by a failed save
     warn when collected ('coroutine ... was never awaited'), and at interpreter exit, where no
     filter applies any more, as 'sys:1: RuntimeWarning'; the failure is reported once, by
-    :class:`~tianji_jax.checkpoint.CheckpointSaveError`. Registered with ``atexit`` after a failure."""
+    :class:`~tianji_jax.checkpoint.core.CheckpointSaveError`. Registered with ``atexit`` after a failure."""
     import gc
     import sys
 
@@ -159,9 +159,7 @@ class RunCheckpointer:
         for i, rec in enumerate(leaves):
             if f"leaf_{i:05d}" in sums:
                 rec["checksum"] = sums[f"leaf_{i:05d}"]
-        import tianji_jax  # noqa: PLC0415 - fully imported by the time a run saves
-
-        meta = {**meta, "format": fmt.FORMAT_VERSION, "tianji_jax_version": tianji_jax.__version__, "step": int(step),
+        meta = {**meta, "format": fmt.FORMAT_VERSION, "tianji_jax_version": _package_version(), "step": int(step),
                 "leaves": leaves, "rows": _rows_to_json(meta.get("rows", []))}
         ocp = self._ocp
         rank = _NO_EVAL if eval_return is None or not math.isfinite(eval_return) else float(eval_return)
@@ -176,7 +174,7 @@ class RunCheckpointer:
 
     def _settle_digests(self) -> None:
         """Wait for the pending saves, then write the file digests each complete one lacks
-        (:class:`~tianji_jax.checkpoint_digests.DigestWriter`); raises what orbax or the writing
+        (:class:`~tianji_jax.checkpoint.digests.DigestWriter`); raises what orbax or the writing
         raises (callers turn it into :class:`CheckpointSaveError`)."""
         if self._digests.pending:
             self._manager.wait_until_finished()
@@ -209,7 +207,7 @@ class RunCheckpointer:
 
     def _check_files(self, step: int, select: Any) -> None:
         """Check the files of checkpoint ``step`` that ``select`` picks against its file digests
-        (:func:`~tianji_jax.checkpoint_digests.check_file_digests`; a checkpoint without them is
+        (:func:`~tianji_jax.checkpoint.digests.check_file_digests`; a checkpoint without them is
         not checked).
 
         Raises:
@@ -225,12 +223,12 @@ class RunCheckpointer:
         """The metadata of checkpoint ``step`` (default: the latest), in the current format
         (:func:`migrate_meta`: an older format is migrated). Every file of the checkpoint but its
         array data (``state/``, checked by :meth:`restore`) is checked against its file digests
-        first (:func:`~tianji_jax.checkpoint_digests.check_file_digests`).
+        first (:func:`~tianji_jax.checkpoint.digests.check_file_digests`).
 
         Raises:
             CheckpointError: no such step, or metadata that is not tianji_jax's.
             CorruptCheckpointError: its metadata cannot be read, or a file fails its digest.
-            CheckpointFormatError: a format newer than :data:`~tianji_jax.checkpoint.FORMAT_VERSION`, or an older one
+            CheckpointFormatError: a format newer than :data:`~tianji_jax.checkpoint.core.FORMAT_VERSION`, or an older one
                 without a migration (one line naming both versions).
         """
         step = self._pick(step)
@@ -256,7 +254,7 @@ class RunCheckpointer:
         Args:
             template: a train state (or its ``jax.eval_shape``) of the same config; leaves that the
                 checkpoint did not save (e.g. the replay buffer) are taken from it (zeros for an
-                abstract leaf), and so are leaves it lacks that :data:`~tianji_jax.checkpoint.ALLOWED_MISSING_LEAVES`
+                abstract leaf), and so are leaves it lacks that :data:`~tianji_jax.checkpoint.core.ALLOWED_MISSING_LEAVES`
                 fills (each reported in one line on stderr, listed in ``meta["filled_leaves"]``).
             step: env steps of the checkpoint.
             meta: its metadata if already read (by :meth:`read_meta`).
@@ -479,3 +477,14 @@ def prune_process_parts(run_dir: str | Path) -> None:
     for d in root.iterdir():
         if d.name.isdigit() and int(d.name) < max(keep) and int(d.name) not in keep:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _package_version() -> str:
+    """The installed tianji_jax's version (the distribution's metadata; ``"unknown"`` when the
+    package runs from a source tree that was never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tianji_jax")
+    except PackageNotFoundError:
+        return "unknown"

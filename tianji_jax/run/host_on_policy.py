@@ -2,7 +2,7 @@
 registered one): its evaluator (:func:`on_policy_evaluator`), :func:`train_on_policy` (what
 :func:`~tianji_jax.training.train` runs for an on-policy config), its metrics rows
 (:func:`on_policy_row`) and the async runtime's host loop (:func:`run_async_on_policy`). The
-pieces every algorithm shares are in :mod:`tianji_jax.host_loop`, looked up there at call time."""
+pieces every algorithm shares are in :mod:`tianji_jax.run.host_loop`, looked up there at call time."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tianji_jax import host_loop  # its functions looked up at call time, where tests patch them
+from tianji_jax.run import host_loop  # its functions looked up at call time, where tests patch them
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.algos.registry import agent_class_for, algorithm_for
-from tianji_jax.evaluation import EvalResult, make_evaluate, make_recurrent_evaluate
-from tianji_jax.profiling import timed
-from tianji_jax.results import TrainResult
-from tianji_jax.run_files import RunFiles, stack_actors
-from tianji_jax.schedule_file import FILE_NAME as SCHEDULE_FILE, ScheduleRecorder
+from tianji_jax.run.evaluation import EvalResult, make_evaluate, make_recurrent_evaluate
+from tianji_jax.run.profiling import timed
+from tianji_jax.run.results import TrainResult
+from tianji_jax.run.run_files import RunFiles, stack_actors
+from tianji_jax.buffers.schedule_file import FILE_NAME as SCHEDULE_FILE, ScheduleRecorder
 from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics, one_device,
                                        shared_train as make_train)
 
@@ -32,7 +32,7 @@ def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_epi
     """Deterministic-policy evaluator ``(params, obs_rms, key) -> (returns, lengths)`` of ``config`` on
     ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
     ``trainer``'s network; compiled once per config and episode count. A recurrent agent's policy
-    carries its core's state through each episode (:func:`~tianji_jax.evaluation.make_recurrent_evaluate`
+    carries its core's state through each episode (:func:`~tianji_jax.run.evaluation.make_recurrent_evaluate`
     on gymnax envs; on host envs :func:`~tianji_jax.runtime.host_actor.make_host_evaluate` with the
     agent's ``greedy_step``)."""
     agent = trainer.agent
@@ -137,7 +137,7 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
     actors save only the run's normalisation statistics, when they normalise) is checkpointed from the host loop; a resume continues from it.
     Multi-host: the learner state is replicated and process 0's checkpoint holds it with process
     0's actors and counters; every other process writes its own actors and counters as its part
-    of the same cut (:meth:`~tianji_jax.run_files.RunFiles.maybe_save`)."""
+    of the same cut (:meth:`~tianji_jax.run.run_files.RunFiles.maybe_save`)."""
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
     from tianji_jax.runtime.host_normalize import SharedStatistics
 

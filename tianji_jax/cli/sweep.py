@@ -20,8 +20,8 @@ from typing import Annotated
 import tyro
 
 from tianji_jax.algos.registry import get_algorithm
-from tianji_jax.capabilities import UnsupportedCell
-from tianji_jax.cli_argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
+from tianji_jax.algos.capabilities import UnsupportedCell
+from tianji_jax.cli.argv import check_choices, check_foreign_flags, check_ints, whole_floats_to_ints
 
 __all__ = ["sweep_main"]
 

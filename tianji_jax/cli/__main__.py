@@ -1,0 +1,5 @@
+"""``python -m tianji_jax.cli``: the ``tianji`` command."""
+
+from tianji_jax.cli.commands import console_main
+
+console_main()
