@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.checkpoint.core import CheckpointError, ConfigMismatchError, RunCheckpointer
+from tianji_jax.checkpoint.core import CheckpointError, ConfigMismatchError
+from tianji_jax.checkpoint.io import RunCheckpointer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.checkpoint.core import (CheckpointError, CorruptCheckpointError, RunCheckpointer, flatten_state,
-                                   unflatten_state)
+from tianji_jax.checkpoint.core import CheckpointError, CorruptCheckpointError, flatten_state, unflatten_state
+from tianji_jax.checkpoint.io import RunCheckpointer
 from tianji_jax.checkpoint.digests import DIGESTS_FILE
-from tianji_jax.checkpoint.verify import continuation_dir, continued_in, one_line, quiet_abandoned_reads
+from tianji_jax.checkpoint.verify import one_line, quiet_abandoned_reads
+from tianji_jax.checkpoint.fallback import continuation_dir, continued_in
 from test_checkpoint import Interrupt, assert_trees_equal, interrupt_after  # the interrupted-run helpers
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import tianji_jax as tj
-from tianji_jax.checkpoint.core import CheckpointError, RunCheckpointer
+from tianji_jax.checkpoint.core import CheckpointError
+from tianji_jax.checkpoint.io import RunCheckpointer
 from tianji_jax.checkpoint import verify as checkpoint_verify
 from tianji_jax.checkpoint.digests import DIGESTS_FILE, check_file_digests
 from tianji_jax.checkpoint.verify import host_leaf_checksums, leaf_checksums

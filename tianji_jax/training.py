@@ -167,7 +167,7 @@ def train(
         if run_dir is None:
             raise ValueError("resume=True needs run_dir (the directory of the run to continue)")
         if config is None:
-            from tianji_jax.checkpoint import core as ckpt
+            from tianji_jax import checkpoint as ckpt
 
             try:
                 config = load_config(run_dir, trust_code=trust_code)
@@ -279,7 +279,7 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
         tianji_jax.config.UntrustedCodeError: (a ValueError) the run's config names code and
             ``trust_code`` is False (one line naming the field and ``trust_code=True``).
     """
-    from tianji_jax.checkpoint import core as ckpt
+    from tianji_jax import checkpoint as ckpt
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -295,7 +295,7 @@ def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQ
             raise
         except (ValueError, TypeError) as err:
             raise ckpt.CheckpointError(f"{run_dir / 'config.json'}: {err}") from None
-    from tianji_jax.checkpoint.verify import restore_newest_intact
+    from tianji_jax.checkpoint.fallback import restore_newest_intact
 
     ckptr = ckpt.RunCheckpointer(run_dir, read_only=True)
     try:  # without a step: the newest intact checkpoint (a corrupt newer one is reported on stderr)

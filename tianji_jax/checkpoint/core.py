@@ -63,7 +63,7 @@ import numpy as np
 from tianji_jax.checkpoint.verify import one_line
 
 __all__ = ["CheckpointError", "CorruptCheckpointError", "CheckpointFormatError", "ConfigMismatchError",
-           "RunCheckpointer", "Restored", "flatten_state", "unflatten_state", "check_compatible", "migrate_meta",
+           "flatten_state", "unflatten_state", "check_compatible", "migrate_meta",
            "MissingLeaf", "fill_from_template", "FORMAT_VERSION", "MIGRATIONS", "ALLOWED_MISSING_LEAVES",
            "VERSION_CHECKED_PACKAGES", "RESUME_FREE_FIELDS"]
 
@@ -447,5 +447,3 @@ def read_json(path: Path) -> dict:
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON: {err}") from None
 
-
-from tianji_jax.checkpoint.io import Restored, RunCheckpointer  # noqa: E402 - re-exported (imports this module)

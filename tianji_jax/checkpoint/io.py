@@ -24,7 +24,9 @@ import jax
 import numpy as np
 
 from tianji_jax.checkpoint import core as fmt
-from tianji_jax.checkpoint.core import (CheckpointError, CheckpointSaveError, CorruptCheckpointError, _NO_EVAL, _array_key, _leaf_paths, _quiet, _rows_from_json, _rows_to_json, _stored_records, _unflatten, flatten_state, migrate_meta)
+from tianji_jax.checkpoint.core import (_NO_EVAL, CheckpointError, CheckpointSaveError, CorruptCheckpointError,
+                                        _array_key, _leaf_paths, _quiet, _rows_from_json, _rows_to_json,
+                                        _stored_records, _unflatten, flatten_state, migrate_meta)
 from tianji_jax.checkpoint.digests import DigestWriter, check_file_digests
 from tianji_jax.checkpoint.verify import host_leaf_checksums, leaf_checksums, one_line, quiet_abandoned_reads, warn
 

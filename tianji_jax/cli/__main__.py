@@ -2,4 +2,5 @@
 
 from tianji_jax.cli.commands import console_main
 
-console_main()
+if __name__ == "__main__":
+    console_main()

@@ -272,7 +272,7 @@ def _train(argv: list[str]) -> int:
         from tianji_jax.run.run_status import interrupt_message, resume_hint
 
         if args.resume is not None:  # a resume that fell back to an older checkpoint went on in a new directory
-            from tianji_jax.checkpoint.verify import continued_in
+            from tianji_jax.checkpoint.fallback import continued_in
 
             run_dir = continued_in(run_dir, started) or run_dir
         message = interrupt_message(run_dir, *resume_hint(config, args.checkpoint))

@@ -9,10 +9,32 @@ unless the episode ended), so truncation can bootstrap from it.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import jax
 from flax import struct
 
-__all__ = ["Timestep"]
+__all__ = ["Timestep", "DeviceEnvSpec"]
+
+
+class DeviceEnvSpec(Protocol):
+    """What a device vector env needs of a resolved env (the registry's
+    :class:`~tianji_jax.envs.registry.EnvSpec` has it): the env and its params, one env's spaces
+    and a name for messages.
+
+    Attributes:
+        name: the env's id, as messages name it.
+        env: a gymnax-style env object (``reset(key, params)``, ``step(key, state, action, params)``).
+        env_params: its params pytree.
+        observation_space: one env's observation space (:mod:`tianji_jax.envs.spaces`).
+        action_space: one env's action space.
+    """
+
+    name: str
+    env: Any
+    env_params: Any
+    observation_space: Any
+    action_space: Any
 
 
 @struct.dataclass

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tianji_jax.envs.core import Timestep
-from tianji_jax.envs.registry import EnvSpec
+from tianji_jax.envs.core import DeviceEnvSpec, Timestep
 from tianji_jax.envs.spaces import Discrete, MultiDiscrete
 
 __all__ = ["GymnaxVecEnv", "VecEnvState"]
@@ -41,14 +40,15 @@ class GymnaxVecEnv:
     and length accumulators are zeroed whenever either is set, so they never carry over a reset.
 
     Args:
-        spec: a resolved gymnax :class:`~tianji_jax.envs.registry.EnvSpec`.
+        spec: a resolved device env (:class:`~tianji_jax.envs.core.DeviceEnvSpec`: the registry's
+            :class:`~tianji_jax.envs.registry.EnvSpec` of a gymnax, suite or brax id).
         num_envs: ``N >= 1``.
 
     Raises:
         ValueError: ``num_envs < 1``.
     """
 
-    def __init__(self, spec: EnvSpec, num_envs: int):
+    def __init__(self, spec: DeviceEnvSpec, num_envs: int):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.spec = spec

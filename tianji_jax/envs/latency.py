@@ -7,7 +7,7 @@ remote env farm). The wrapper *waits* (``time.sleep``, which releases the GIL): 
 core while it waits, so the learner's cores stay free, as they would with a simulator running
 elsewhere.
 
-Id syntax (:data:`HOST_WRAPPER_SYNTAX`, parsed by :func:`parse_host_modifiers` where
+Id syntax (:data:`~tianji_jax.envs.id_syntax.HOST_WRAPPER_SYNTAX`, parsed by :func:`parse_host_modifiers` where
 :func:`~tianji_jax.envs.registry.resolve_env` resolves host ids): ``"envpool:CartPole-v1|latency_ms=5"``,
 ``"gymnasium:CartPole-v1|latency_ms=2.5"``. The resolved spec carries the value
 (:attr:`~tianji_jax.envs.registry.EnvSpec.latency_ms`) and its ``name`` shows the modifier
@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tianji_jax.envs.host_wrappers import _HostWrapper
+from tianji_jax.envs.id_syntax import HOST_WRAPPER_SYNTAX, WRAPPER_SYNTAX
 
 __all__ = ["LatencyVecEnv", "HOST_WRAPPER_SYNTAX", "MAX_LATENCY_MS", "parse_host_modifiers"]
 
@@ -33,12 +34,6 @@ MAX_LATENCY_MS = 10_000.0
 """The largest ``latency_ms`` accepted (10 s a batched step): beyond it a value is far more likely a
 typo or a unit slip (seconds or microseconds for milliseconds) than a simulator, and a run would
 sleep for hours without a sign of why."""
-
-HOST_WRAPPER_SYNTAX = {
-    "latency_ms": "a finite number of milliseconds >= 0 and <= 10000 (10 s), e.g. latency_ms=5 or latency_ms=2.5 "
-                  "(LatencyVecEnv)",
-}
-"""Modifiers of the host env id syntax (``"envpool:<id>|latency_ms=5"``) and the value each takes."""
 
 _NUMBER = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
@@ -50,15 +45,13 @@ def _canonical(value: float) -> str:
 
 
 def _device_wrapper_names() -> tuple[str, ...]:
-    from tianji_jax.envs.wrappers import WRAPPER_SYNTAX  # imports jax and flax: only on this error path
-
     return tuple(WRAPPER_SYNTAX)
 
 
 def parse_host_modifiers(terms: Sequence[str], env_text: str = "", backend: str = "envpool") -> tuple[dict, str]:
     """Parse the ``|``-separated modifiers of a host env id (the parts after the base id).
 
-    Terms (:data:`HOST_WRAPPER_SYNTAX`): ``latency_ms=<ms>``, a finite number of milliseconds,
+    Terms (:data:`~tianji_jax.envs.id_syntax.HOST_WRAPPER_SYNTAX`): ``latency_ms=<ms>``, a finite number of milliseconds,
     ``0 <= ms <=`` :data:`MAX_LATENCY_MS` (``latency_ms=0`` is accepted and adds no latency). Whitespace around terms and values is
     ignored; each modifier may appear once.
 

@@ -214,7 +214,7 @@ def resolve_env(env: Any) -> EnvSpec:
             ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
             ``"gymnax:Pendulum-v1|clip_action"``; the spec's spaces are the wrapped env's and its
             ``name`` ends in the canonical wrappers (``"CartPole-v1|mask=0,2"``). A host id may be
-            followed by host modifiers (:data:`~tianji_jax.envs.latency.HOST_WRAPPER_SYNTAX`):
+            followed by host modifiers (:data:`~tianji_jax.envs.id_syntax.HOST_WRAPPER_SYNTAX`):
             ``"envpool:CartPole-v1|latency_ms=5"`` (a finite number of milliseconds >= 0) sets
             :attr:`EnvSpec.latency_ms`, and the name ends in ``"|latency_ms=5"``. A brax id
             (:mod:`tianji_jax.envs.brax_env`) may carry the modifiers ``backend`` and

@@ -15,7 +15,7 @@ inner env has it) ``num_actions``. Wrappers compose and run through
 Id syntax (see :func:`apply_wrappers`): ``"gymnax:<id>|<wrapper>|<wrapper>..."``, applied left to
 right, innermost first, e.g. ``"gymnax:CartPole-v1|mask=0,2"``, ``"gymnax:Breakout-MinAtar|frame_stack=4"``,
 ``"gymnax:Pendulum-v1|clip_action"``. Host backends (envpool, gymnasium) take the same wrappers
-with the same semantics (:mod:`tianji_jax.envs.host_wrappers`), and the host modifier ``latency_ms`` (:data:`HOST_WRAPPER_SYNTAX`,
+with the same semantics (:mod:`tianji_jax.envs.host_wrappers`), and the host modifier ``latency_ms`` (:data:`~tianji_jax.envs.id_syntax.HOST_WRAPPER_SYNTAX`,
 :class:`~tianji_jax.envs.latency.LatencyVecEnv`): ``"envpool:CartPole-v1|latency_ms=5"`` makes each
 batched step of a training env take at least 5 milliseconds (a slow external simulator), which a
 gymnax id refuses (device envs step inside compiled code).
@@ -31,18 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tianji_jax.envs.latency import HOST_WRAPPER_SYNTAX
+from tianji_jax.envs.id_syntax import HOST_WRAPPER_SYNTAX, WRAPPER_SYNTAX
 
 __all__ = ["Wrapper", "ObservationMask", "FrameStack", "FrameStackState", "ClipAction", "WRAPPER_SYNTAX",
            "HOST_WRAPPER_SYNTAX", "apply_wrappers", "is_wrapper_name"]
 
-WRAPPER_SYNTAX = {
-    "mask": "comma-separated distinct observation indices, e.g. mask=0,2 (ObservationMask)",
-    "frame_stack": "an integer >= 1, e.g. frame_stack=4 (FrameStack)",
-    "clip_action": "no value, just clip_action (ClipAction)",
-}
-"""Wrapper names of the id syntax and the value each takes (device envs; the host envs' modifiers are
-:data:`HOST_WRAPPER_SYNTAX`, re-exported here from :mod:`tianji_jax.envs.latency`)."""
 
 _INTERFACE = ("reset", "step", "default_params", "observation_space", "action_space")
 
@@ -392,7 +385,7 @@ def parse_wrapper_term(term: str, prefix: str = "") -> tuple[str, Any]:
 
 def is_wrapper_name(name: str) -> bool:
     """Whether ``name`` (an id term's part before ``=``) names a device or host wrapper
-    (:data:`WRAPPER_SYNTAX`, ``HOST_WRAPPER_SYNTAX``), not an env's own option such as brax's ``backend``."""
+    (:data:`~tianji_jax.envs.id_syntax.WRAPPER_SYNTAX`, ``HOST_WRAPPER_SYNTAX``), not an env's own option such as brax's ``backend``."""
     return name in WRAPPER_SYNTAX or name in HOST_WRAPPER_SYNTAX
 
 
@@ -407,7 +400,7 @@ def apply_wrappers(env: Any, terms: Sequence[str], env_text: str = "") -> tuple[
     """Wrap ``env`` in the wrappers named by ``terms`` (the ``|``-separated parts of an env id after
     the base id), left to right, innermost first.
 
-    Terms (:data:`WRAPPER_SYNTAX`): ``mask=i,j,...`` (:class:`ObservationMask`), ``frame_stack=k``
+    Terms (:data:`~tianji_jax.envs.id_syntax.WRAPPER_SYNTAX`): ``mask=i,j,...`` (:class:`ObservationMask`), ``frame_stack=k``
     (:class:`FrameStack`), ``clip_action`` (:class:`ClipAction`). Whitespace around terms and
     values is ignored.
 

@@ -66,7 +66,7 @@ class RunFiles:
     def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
                  resumable: bool):
-        from tianji_jax.checkpoint import core as ckpt
+        from tianji_jax import checkpoint as ckpt
 
         from tianji_jax.algos.registry import algorithm_for
 
@@ -121,7 +121,7 @@ class RunFiles:
 
     def _check(self, meta: dict) -> None:
         """Raise for a checkpoint this config cannot continue (raised, not skipped)."""
-        from tianji_jax.checkpoint import core as ckpt
+        from tianji_jax import checkpoint as ckpt
 
         config, algo, run_dir = self.config, self.algo, self.run_dir or self.parts_dir
         if meta.get("algo") != algo:
@@ -149,8 +149,8 @@ class RunFiles:
 
     def _open(self, resume: bool, own_checkpoint: bool, tensorboard: bool, wandb: bool, derived: dict) -> None:
         """Create or reopen the run directory (the only process that writes it)."""
-        from tianji_jax.checkpoint import core as ckpt
-        from tianji_jax.checkpoint.verify import restore_for_resume
+        from tianji_jax import checkpoint as ckpt
+        from tianji_jax.checkpoint.fallback import restore_for_resume
 
         if self.run_dir is None:
             return
@@ -211,7 +211,7 @@ class RunFiles:
         """Process i > 0 of a multi-host run: wait for process 0's run directory, checkpoint
         settings and resume step; on resume restore the learner state from process 0's
         checkpoint (the replicated learner) and this process's actors and counters from its part."""
-        from tianji_jax.checkpoint import core as ckpt
+        from tianji_jax import checkpoint as ckpt
         from tianji_jax.checkpoint.io import load_process_part
         from tianji_jax.runtime import distributed as dist
 
