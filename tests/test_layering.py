@@ -76,6 +76,30 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward_imports(PKG), f"imports that run up the layers: {upward_imports(PKG)}"
 
 
+def private_imports_across_rooms(pkg: Path) -> dict[str, list[str]]:
+    """Module (path under ``pkg``) -> the private names (``_x``) it imports from another room
+    (a helper two folders share is public, in the lower one)."""
+    bad: dict[str, list[str]] = {}
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg)
+        room = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and (node.module == "tianji_jax" or node.module.startswith("tianji_jax."))):
+                continue
+            for alias in node.names:
+                if not alias.name.startswith("_") or alias.name.startswith("__"):
+                    continue
+                other = room_of(node.module) if node.module != "tianji_jax" else room_of(f"tianji_jax.{alias.name}")
+                if other != room:
+                    bad.setdefault(str(rel), []).append(f"{node.module}.{alias.name}")
+    return bad
+
+
+def test_no_private_name_is_imported_across_folders():
+    assert not private_imports_across_rooms(PKG), private_imports_across_rooms(PKG)
+
+
 def test_the_check_fails_on_a_violating_import(tmp_path):
     """The rule is not vacuous: a buffer importing an algorithm, a runtime importing the run
     loop, a new top-level module and an algorithm importing the package's top are each caught."""
@@ -91,6 +115,10 @@ def test_the_check_fails_on_a_violating_import(tmp_path):
     assert upward_imports(pkg) == {"algos/ppo.py": ["tianji_jax"], "buffers/replay.py": [
         "tianji_jax.algos.registry", "tianji_jax.algos.registry.get_algorithm"], "helpers.py": ["<unplaced>"],
         "nets/face.py": ["tianji_jax.PPOConfig"], "runtime/anakin.py": ["tianji_jax.run", "tianji_jax.run.host_loop"]}
+    (pkg / "run").mkdir()
+    (pkg / "run" / "loop.py").write_text("from tianji_jax.runtime.async_on_policy import _distributed, placement\n"
+                                         "from tianji_jax.run.files import _helper\n")  # the second: same folder
+    assert private_imports_across_rooms(pkg) == {"run/loop.py": ["tianji_jax.runtime.async_on_policy._distributed"]}
 
 
 def test_only_the_public_api_sits_at_the_top():

@@ -55,7 +55,7 @@ def not_compiled(config: Any) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(config) if f.metadata.get("group") in FIELD_GROUPS}
 
 
-def _plain_numbers(config: Any) -> None:
+def plain_numbers(config: Any) -> None:
     """Replace numpy scalars in ``config``'s fields by Python ints/floats/bools (so ``np.int64(8)``
     from a sweep is accepted and the config stays JSON-able and hashable the same way), a whole
     float in an int field by its int (``total_env_steps=1e6``; ``1.5`` stays, for the type check
@@ -73,7 +73,11 @@ def _plain_numbers(config: Any) -> None:
         object.__setattr__(config, f.name, v)
 
 
-def _check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> None:
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> None:
+    """Check a config field ``name`` holds an int (not a bool) within ``[minimum, maximum]``.
+
+    Raises:
+        TypeError: not an int; ValueError: outside the bounds (one line naming the field)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:
@@ -82,7 +86,7 @@ def _check_int(name: str, value: Any, *, minimum: int | None = None, maximum: in
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
 
 
-def _check_float(
+def check_float(
     name: str,
     value: Any,
     *,
@@ -90,6 +94,12 @@ def _check_float(
     high: float | None = None,
     low_open: bool = False,
 ) -> None:
+    """Check a config field ``name`` holds a finite number (not a bool) in ``[low, high]``
+    (``(low, high]`` with ``low_open``).
+
+    Raises:
+        TypeError: not a number; ValueError: not finite, or outside the interval (one line naming
+            the field and the interval)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value):
@@ -103,7 +113,11 @@ def _check_float(
         raise ValueError(f"{name} must be {interval}, got {value}")
 
 
-def _check_bool(name: str, value: Any) -> None:
+def check_bool(name: str, value: Any) -> None:
+    """Check a config field ``name`` holds a bool.
+
+    Raises:
+        TypeError: anything else (``1``, ``"True"``)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool (True/False), got {value!r}")
 
@@ -113,16 +127,16 @@ def _check_shared(config: Any) -> None:
     ``learning_rate`` / ``max_grad_norm`` (> 0) and ``gamma`` (in [0, 1]), ``hidden_sizes`` (a
     non-empty tuple of positive ints), ``activation``, and ``stop_at_return`` (a number, needing
     ``eval_episodes >= 1``)."""
-    _check_float("learning_rate", config.learning_rate, low=0.0, low_open=True)
-    _check_float("max_grad_norm", config.max_grad_norm, low=0.0, low_open=True)
-    _check_float("gamma", config.gamma, low=0.0, high=1.0)
+    check_float("learning_rate", config.learning_rate, low=0.0, low_open=True)
+    check_float("max_grad_norm", config.max_grad_norm, low=0.0, low_open=True)
+    check_float("gamma", config.gamma, low=0.0, high=1.0)
     if (not isinstance(config.hidden_sizes, tuple) or len(config.hidden_sizes) == 0
             or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in config.hidden_sizes)):
         raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {config.hidden_sizes!r}")
     if config.activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {config.activation!r}")
     if config.stop_at_return is not None:
-        _check_float("stop_at_return", config.stop_at_return)
+        check_float("stop_at_return", config.stop_at_return)
         if config.eval_episodes == 0:
             raise ValueError("stop_at_return needs evaluation: eval_episodes must be >= 1, got 0")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tianji_jax.algos.config_base import _check_int
+from tianji_jax.algos.config_base import check_int
 
 if TYPE_CHECKING:
     from tianji_jax.envs.registry import EnvSpec
@@ -51,9 +51,9 @@ def loopback_ip(host: str) -> str | None:
 
 def _check_distributed(config: Any) -> None:
     """The multi-host fields of a :class:`~tianji_jax.config.PPOConfig` (clear errors naming the field)."""
-    _check_int("num_processes", config.num_processes, minimum=1)
-    _check_int("process_id", config.process_id, minimum=0, maximum=config.num_processes - 1)
-    _check_int("heartbeat_timeout_s", config.heartbeat_timeout_s, minimum=1)
+    check_int("num_processes", config.num_processes, minimum=1)
+    check_int("process_id", config.process_id, minimum=0, maximum=config.num_processes - 1)
+    check_int("heartbeat_timeout_s", config.heartbeat_timeout_s, minimum=1)
     if config.num_processes == 1:
         if config.coordinator is not None:
             raise ValueError(f"coordinator={config.coordinator!r} needs num_processes > 1")
@@ -73,7 +73,7 @@ def _check_distributed(config: Any) -> None:
 
 def _check_ray(config: Any, spec: EnvSpec) -> None:
     """The Ray actor fields of an algorithm config (clear errors naming the field)."""
-    _check_int("ray_max_restarts", config.ray_max_restarts, minimum=0)
+    check_int("ray_max_restarts", config.ray_max_restarts, minimum=0)
     if config.actor_backend not in ("threads", "ray"):
         raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {config.actor_backend!r}")
     if config.actor_backend == "threads":
@@ -111,8 +111,8 @@ def _check_async_only(config: Any, names: tuple[str, ...]) -> None:
 
 def _check_learner_groups(config: Any) -> None:
     """The learner-group fields of an algorithm config (after the fields they depend on)."""
-    _check_int("num_learner_groups", config.num_learner_groups, minimum=1)
-    _check_int("sync_every", config.sync_every, minimum=1)
+    check_int("num_learner_groups", config.num_learner_groups, minimum=1)
+    check_int("sync_every", config.sync_every, minimum=1)
     groups = config.num_learner_groups
     if groups == 1:
         if config.sync_every != 1:
@@ -136,7 +136,7 @@ def _check_host_fields(config: Any, spec: EnvSpec) -> None:
     """Rules for host env backends (envpool, gymnasium), shared by the configs."""
     batch = getattr(config, "env_batch_size", None)
     if batch is not None:
-        _check_int("env_batch_size", batch, minimum=1, maximum=config.num_envs)
+        check_int("env_batch_size", batch, minimum=1, maximum=config.num_envs)
         if spec.backend != "envpool":
             raise ValueError(f"env_batch_size={batch}: only the envpool backend has an async mode; "
                              f"env {config.env!r} needs env_batch_size=None")
@@ -200,11 +200,11 @@ def _check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
     ``repeat_action_probability``: only envpool Atari games may change them from ``defaults``) and
     whether the run stores stacked uint8 frames in the frame replay (returned), whose per-env ring
     must hold a whole transition."""
-    from tianji_jax.algos.config_base import _check_bool, _check_float
+    from tianji_jax.algos.config_base import check_bool, check_float
 
     for name in ("episodic_life", "reward_clip"):
-        _check_bool(name, getattr(config, name))
-    _check_float("repeat_action_probability", config.repeat_action_probability, low=0.0, high=1.0)
+        check_bool(name, getattr(config, name))
+    check_float("repeat_action_probability", config.repeat_action_probability, low=0.0, high=1.0)
     if not spec.is_atari:
         changed = {k: getattr(config, k) for k in defaults if getattr(config, k) != defaults[k]}
         if changed:
@@ -227,14 +227,14 @@ def _check_distributional(config: Any) -> None:
     """The distributional head of a DQN-family config: ``distributional`` in ('none', 'c51',
     'qr'), ``num_atoms >= 2``, C51's ``v_min < v_max``, no Huber threshold (the losses are
     C51's cross-entropy and QR's quantile Huber loss with kappa 1)."""
-    from tianji_jax.algos.config_base import _check_float
+    from tianji_jax.algos.config_base import check_float
 
     kinds = ("none", "c51", "qr")
     if config.distributional not in kinds:
         raise ValueError(f"distributional must be one of {kinds}, got {config.distributional!r}")
-    _check_int("num_atoms", config.num_atoms, minimum=2)
-    _check_float("v_min", config.v_min)
-    _check_float("v_max", config.v_max)
+    check_int("num_atoms", config.num_atoms, minimum=2)
+    check_float("v_min", config.v_min)
+    check_float("v_max", config.v_max)
     if config.distributional == "c51" and not config.v_min < config.v_max:
         raise ValueError(f"v_max={config.v_max} must be > v_min={config.v_min} (C51's support)")
     if config.distributional != "none" and config.huber_delta is not None:

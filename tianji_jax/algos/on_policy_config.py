@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.algos.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared,
-                                    _check_torso, _describe_env_layer, _plain_numbers, fields_in, layout, run,
+from tianji_jax.algos.config_base import (_AgentConfig, check_bool, check_float, check_int, _check_shared,
+                                    _check_torso, _describe_env_layer, plain_numbers, fields_in, layout, run,
                                     tianji)
 from tianji_jax.algos import capabilities
 from tianji_jax.algos.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_learner_groups,
@@ -191,26 +191,26 @@ class OnPolicyConfig(_AgentConfig):
 
 
     def __post_init__(self) -> None:
-        _plain_numbers(self)
-        _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+        plain_numbers(self)
+        check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
         for name in ("total_env_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
                      "eval_every_env_steps"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
-        _check_int("eval_episodes", self.eval_episodes, minimum=0)
-        _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
+        check_int("eval_episodes", self.eval_episodes, minimum=0)
+        check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
         for name in ("anneal_lr", "normalize_observations", "scale_rewards", "record_schedule"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         _check_shared(self)
         if self.runtime not in ("anakin", "async"):
             raise ValueError(f"runtime must be one of ('anakin', 'async'), got {self.runtime!r}")
         if self.schedule not in ("sync", "one_step", "relaxed", "auto"):
             raise ValueError(f"schedule must be one of ('sync', 'one_step', 'relaxed', 'auto'), got {self.schedule!r}")
-        _check_int("num_actors", self.num_actors, minimum=1)
-        _check_int("queue_batches", self.queue_batches, minimum=2)
-        _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
+        check_int("num_actors", self.num_actors, minimum=1)
+        check_int("queue_batches", self.queue_batches, minimum=2)
+        check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
         if self.max_policy_lag is not None:
-            _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
+            check_int("max_policy_lag", self.max_policy_lag, minimum=0)
         lag = self.policy_lag_bound
         if self.schedule == "sync" and lag != 0:
             raise ValueError(f"max_policy_lag must be 0 for schedule 'sync', got {lag}")
@@ -219,8 +219,8 @@ class OnPolicyConfig(_AgentConfig):
         if self.schedule == "auto" and self.queue_batches != 2:
             raise ValueError(f"queue_batches={self.queue_batches} is set by schedule 'auto' (max(2, window + 1)); "
                              "allowed: queue_batches=2 (default), or another schedule")
-        _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
-        _check_int("sync_every", self.sync_every, minimum=1)
+        check_int("num_learner_groups", self.num_learner_groups, minimum=1)
+        check_int("sync_every", self.sync_every, minimum=1)
         groups = self.num_learner_groups
         if self.runtime == "async" and self.schedule in ("sync", "one_step") and self.num_actors != groups:
             raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule {self.schedule!r}, "
@@ -242,8 +242,8 @@ class OnPolicyConfig(_AgentConfig):
         capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
         self._check_env(spec)
         _check_torso(self, tuple(spec.observation_shape))
-        _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
-        _check_int("num_processes", self.num_processes, minimum=1)
+        check_int("num_learner_devices", self.num_learner_devices, minimum=1)
+        check_int("num_processes", self.num_processes, minimum=1)
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
         capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
@@ -394,7 +394,7 @@ def _check_recurrent(config: OnPolicyConfig) -> None:
     """
     if config.recurrent not in _RECURRENT:
         raise ValueError(f"recurrent must be one of {_RECURRENT}, got {config.recurrent!r}")
-    _check_int("rnn_hidden_size", config.rnn_hidden_size, minimum=1)
+    check_int("rnn_hidden_size", config.rnn_hidden_size, minimum=1)
     if config.recurrent == "none":
         return
     if getattr(config, "num_processes", 1) > 1:

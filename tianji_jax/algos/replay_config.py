@@ -14,8 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.algos.config_base import (_AgentConfig, _check_bool, _check_float, _check_int, _check_shared, _check_torso,
-                                    _describe_env_layer, _plain_numbers, fields_in, layout, run, tianji)
+from tianji_jax.algos.config_base import (_AgentConfig, check_bool, check_float, check_int, _check_shared, _check_torso,
+                                    _describe_env_layer, plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax.algos import capabilities
 from tianji_jax.algos.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
                                      _check_replay_layout)
@@ -187,19 +187,19 @@ class ReplayConfig(_AgentConfig):
     """envpool only (async runtime): envs per received batch; below ``num_envs`` envpool runs in async
     mode (the actor acts on whichever envs finished first). None: sync mode (all envs every step)."""
     def __post_init__(self) -> None:
-        _plain_numbers(self)
-        _check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+        plain_numbers(self)
+        check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
         for name in ("total_env_steps", "num_envs", "num_steps", "buffer_capacity", "batch_size", "n_step",
                      "eval_every_env_steps"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("total_env_steps", self.total_env_steps, maximum=2**31 - 1)  # int32 step counters
         # the prioritised sum-tree indexes its heap nodes in int32 (tianji_jax.buffers.sum_tree.MAX_CAPACITY)
-        _check_int("buffer_capacity", self.buffer_capacity, maximum=2**30)
-        _check_int("learning_starts", self.learning_starts, minimum=0)
-        _check_int("eval_episodes", self.eval_episodes, minimum=0)
-        _check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
-        _check_bool("normalize_observations", self.normalize_observations)
-        _check_float("replay_ratio", self.replay_ratio, low=0.0, low_open=True)
+        check_int("buffer_capacity", self.buffer_capacity, maximum=2**30)
+        check_int("learning_starts", self.learning_starts, minimum=0)
+        check_int("eval_episodes", self.eval_episodes, minimum=0)
+        check_int("max_nonfinite_updates", self.max_nonfinite_updates, minimum=1)
+        check_bool("normalize_observations", self.normalize_observations)
+        check_float("replay_ratio", self.replay_ratio, low=0.0, low_open=True)
         _check_shared(self)
         self._check_fields()
         # the env first: an action space the algorithm cannot take is refused before budget rules
@@ -207,24 +207,24 @@ class ReplayConfig(_AgentConfig):
         if isinstance(self.env, str) and ":" not in self.env:
             object.__setattr__(self, "env", f"{spec.backend}:{self.env}")
         capabilities.check_action_space(self.ALGO, self, spec)  # MultiDiscrete: PPO only
-        _check_int("max_policy_lag", self.max_policy_lag, minimum=0)
-        _check_int("num_actors", self.num_actors, minimum=1)
-        _check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
+        check_int("max_policy_lag", self.max_policy_lag, minimum=0)
+        check_int("num_actors", self.num_actors, minimum=1)
+        check_float("stall_timeout_s", self.stall_timeout_s, low=0.0, low_open=True)
         if self.runtime not in _RUNTIMES:
             raise ValueError(f"runtime must be one of {_RUNTIMES}, got {self.runtime!r}")
         if self.schedule not in ("sync", "relaxed", "auto"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed', 'auto'), got {self.schedule!r}")
-        _check_float("replay_ratio_tolerance", self.replay_ratio_tolerance, low=1.0)
+        check_float("replay_ratio_tolerance", self.replay_ratio_tolerance, low=1.0)
         if self.schedule == "sync" and self.replay_ratio_tolerance != 1.0:
             raise ValueError(f"replay_ratio_tolerance={self.replay_ratio_tolerance} applies to schedules 'relaxed' and "
                              "'auto' (under 'sync' the limiter only reports); allowed: 1.0 (default) with 'sync'")
-        _check_int("num_learner_groups", self.num_learner_groups, minimum=1)
+        check_int("num_learner_groups", self.num_learner_groups, minimum=1)
         groups = self.num_learner_groups
         if self.runtime == "async" and self.schedule == "sync" and self.num_actors != groups:
             raise ValueError(f"num_actors must be {groups} (one per learner group) for schedule 'sync', got "
                              f"{self.num_actors}; use schedule 'relaxed' for several actors")
         self._check_target()
-        _check_int("num_processes", self.num_processes, minimum=1)
+        check_int("num_processes", self.num_processes, minimum=1)
         procs = "num_processes * " if self.num_processes > 1 else ""
         # replay ratio: a whole number of gradient updates per iteration
         per_iter = self.global_iteration_env_steps * self.replay_ratio
@@ -256,7 +256,7 @@ class ReplayConfig(_AgentConfig):
         self._check_action_space(spec)
         if self.actor_backend not in ("threads", "ray"):
             raise ValueError(f"actor_backend must be one of ('threads', 'ray'), got {self.actor_backend!r}")
-        _check_int("num_learner_devices", self.num_learner_devices, minimum=1)
+        check_int("num_learner_devices", self.num_learner_devices, minimum=1)
         capabilities.check(self.ALGO, self, spec.backend)  # the (runtime, actors, learners, env) cell
         _check_host_fields(self, spec)
         _check_ray(self, spec)

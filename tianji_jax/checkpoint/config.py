@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tianji_jax.algos.config_base import _check_bool, _check_int, _plain_numbers
+from tianji_jax.algos.config_base import check_bool, check_int, plain_numbers
 
 __all__ = ["CheckpointConfig"]
 
@@ -38,13 +38,13 @@ class CheckpointConfig:
     """Write checkpoints in a background thread (the host loop only waits for the device-to-host copy)."""
 
     def __post_init__(self) -> None:
-        _plain_numbers(self)
+        plain_numbers(self)
         if self.checkpoint_every_env_steps is not None:
-            _check_int("checkpoint_every_env_steps", self.checkpoint_every_env_steps, minimum=1)
-        _check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
-        _check_int("keep_best_checkpoints", self.keep_best_checkpoints, minimum=0)
-        _check_bool("checkpoint_replay", self.checkpoint_replay)
-        _check_bool("async_checkpointing", self.async_checkpointing)
+            check_int("checkpoint_every_env_steps", self.checkpoint_every_env_steps, minimum=1)
+        check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
+        check_int("keep_best_checkpoints", self.keep_best_checkpoints, minimum=0)
+        check_bool("checkpoint_replay", self.checkpoint_replay)
+        check_bool("async_checkpointing", self.async_checkpointing)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict of the fields."""

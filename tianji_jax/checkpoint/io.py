@@ -62,9 +62,11 @@ class Restored:
     step: int
 
 
-def _single_process_options(ocp: Any) -> dict:
-    """Multi-host runs (jax.distributed): only the calling process writes (process 0 owns the run
-    directory), so orbax must not wait for the others at its barriers."""
+def single_process_options(ocp: Any) -> dict:
+    """The keyword arguments of an orbax checkpointer (``ocp``: the ``orbax.checkpoint`` module)
+    with which only the calling process writes: in multi-host runs (jax.distributed) process 0
+    owns the run directory, so orbax must not wait for the others at its barriers; ``{}`` in a
+    single-process run."""
     import jax
 
     if jax.process_count() == 1:
@@ -105,7 +107,7 @@ class RunCheckpointer:
         if keep_best_checkpoints:
             policies.append(cm.BestN(get_metric_fn=lambda m: m["eval_return_mean"], n=keep_best_checkpoints,
                                      keep_checkpoints_without_metrics=False))
-        multi = _single_process_options(ocp)
+        multi = single_process_options(ocp)
         if multi and not read_only:  # orbax cannot create the root itself with active_processes set
             self.directory.mkdir(parents=True, exist_ok=True)
         with _quiet():

@@ -33,10 +33,13 @@ import numpy as np
 __all__ = ["ActorCritic", "NatureCNN", "SmallCNN", "QNetwork", "TORSOS", "choose_torso", "check_network",
            "resolve_torso", "torso_factory", "torso_path"]
 
-_ACT = {"tanh": nn.tanh, "relu": nn.relu}
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+"""The hidden layers' activations by config name (``activation``)."""
 
 
-def _dense(features: int, scale: float) -> nn.Dense:
+def orthogonal_dense(features: int, scale: float) -> nn.Dense:
+    """A dense layer of ``features`` outputs, orthogonally initialised with gain ``scale`` and zero
+    bias (as PureJaxRL and CleanRL: sqrt(2) hidden, 0.01 policy head, 1.0 value head)."""
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
                     bias_init=nn.initializers.constant(0.0))
 
@@ -70,7 +73,7 @@ class NatureCNN(nn.Module):
         for feat, k, st in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
             x = nn.relu(_norm(self.layer_norm, nn.Conv(feat, (k, k), (st, st), padding="VALID", kernel_init=init,
                                                        bias_init=nn.initializers.constant(0.0))(x)))
-        return nn.relu(_norm(self.layer_norm, _dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1)))))
+        return nn.relu(_norm(self.layer_norm, orthogonal_dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1)))))
 
 
 class SmallCNN(nn.Module):
@@ -212,7 +215,7 @@ def _fitting(shape: tuple[int, ...]) -> str:
                      ) + " or a user torso"
 
 
-def _custom_features(torso: Any, obs: jax.Array) -> jax.Array:
+def user_torso_features(torso: Any, obs: jax.Array) -> jax.Array:
     """Features ``(B, F)`` float32 from a user torso factory's module."""
     x = torso()(obs)
     if x.ndim != 2 or x.shape[0] != obs.shape[0]:
@@ -221,7 +224,9 @@ def _custom_features(torso: Any, obs: jax.Array) -> jax.Array:
     return x.astype(jnp.float32)
 
 
-def _image_torso(torso: str, obs_shape: tuple[int, ...], layer_norm: bool = False) -> nn.Module:
+def image_torso(torso: str, obs_shape: tuple[int, ...], layer_norm: bool = False) -> nn.Module:
+    """The CNN torso named ``torso`` for images of ``obs_shape``: :class:`NatureCNN` for
+    ``"nature_cnn"``, else :class:`SmallCNN` (channels first when the shape says so)."""
     if torso == "nature_cnn":
         return NatureCNN(layer_norm=layer_norm)
     return SmallCNN(channels_first=len(obs_shape) == 3 and _channels_first(tuple(obs_shape)),
@@ -288,25 +293,25 @@ class ActorCritic(nn.Module):
         if self.torso == "nature_cnn":
             a = c = NatureCNN()(obs)
         elif callable(self.torso):  # a user torso, shared by the actor and critic heads
-            a = c = _custom_features(self.torso, obs)
+            a = c = user_torso_features(self.torso, obs)
         else:
-            act = _ACT[self.activation]
+            act = ACTIVATIONS[self.activation]
             if self.torso == "small_cnn":
-                x = _image_torso(self.torso, self.obs_shape)(obs)
+                x = image_torso(self.torso, self.obs_shape)(obs)
             else:
                 x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
             a, c = x, x
             for h in self.hidden_sizes:
-                a = act(_dense(h, np.sqrt(2))(a))
+                a = act(orthogonal_dense(h, np.sqrt(2))(a))
             for h in self.hidden_sizes:
-                c = act(_dense(h, np.sqrt(2))(c))
-        head = _dense(self.action_dim, 0.01)(a)
+                c = act(orthogonal_dense(h, np.sqrt(2))(c))
+        head = orthogonal_dense(self.action_dim, 0.01)(a)
         if self.continuous:
             log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,))
             actor_out = (head, log_std)
         else:
             actor_out = head
-        value = _dense(1, 1.0)(c)[:, 0]
+        value = orthogonal_dense(1, 1.0)(c)[:, 0]
         return actor_out, value
 
 
@@ -361,21 +366,21 @@ class QNetwork(nn.Module):
         if self.torso == "nature_cnn":
             x = NatureCNN(layer_norm=self.layer_norm)(obs)
         elif callable(self.torso):  # a user torso: the heads sit on its features (normalised with layer_norm)
-            x = _norm(self.layer_norm, _custom_features(self.torso, obs))
+            x = _norm(self.layer_norm, user_torso_features(self.torso, obs))
         else:
-            act = _ACT[self.activation]
+            act = ACTIVATIONS[self.activation]
             if self.torso == "small_cnn":
-                x = _image_torso(self.torso, self.obs_shape, self.layer_norm)(obs)
+                x = image_torso(self.torso, self.obs_shape, self.layer_norm)(obs)
             else:
                 x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
             for h in self.hidden_sizes:
-                x = act(_norm(self.layer_norm, _dense(h, np.sqrt(2))(x)))
+                x = act(_norm(self.layer_norm, orthogonal_dense(h, np.sqrt(2))(x)))
         return x
 
     def _head(self, x: jax.Array, k: int) -> jax.Array:
         b = x.shape[0]
         if not self.dueling:
-            return _dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
-        value = _dense(k, 1.0)(x).reshape((b, 1, k))
-        advantage = _dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
+            return orthogonal_dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
+        value = orthogonal_dense(k, 1.0)(x).reshape((b, 1, k))
+        advantage = orthogonal_dense(self.action_dim * k, 1.0)(x).reshape((b, self.action_dim, k))
         return value + advantage - jnp.mean(advantage, axis=1, keepdims=True)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.nets.networks import _ACT, NatureCNN, _custom_features, _dense, _image_torso, _norm
+from tianji_jax.nets.networks import ACTIVATIONS, NatureCNN, user_torso_features, orthogonal_dense, image_torso, _norm
 
 __all__ = ["CELLS", "RecurrentActorCritic", "RecurrentQNetwork", "initial_carry", "reset_carry"]
 
@@ -66,11 +66,11 @@ class _Features(nn.Module):
         if self.torso == "nature_cnn":
             return NatureCNN()(obs)
         if callable(self.torso):
-            return _custom_features(self.torso, obs)
+            return user_torso_features(self.torso, obs)
         if self.torso == "small_cnn":
-            return _image_torso(self.torso, self.obs_shape)(obs)
+            return image_torso(self.torso, self.obs_shape)(obs)
         x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
-        return _ACT[self.activation](_dense(self.hidden_sizes[0], np.sqrt(2))(x))
+        return ACTIVATIONS[self.activation](orthogonal_dense(self.hidden_sizes[0], np.sqrt(2))(x))
 
 
 class _Heads(nn.Module):
@@ -89,17 +89,17 @@ class _Heads(nn.Module):
     def __call__(self, y: jax.Array) -> tuple[Any, jax.Array]:
         a = c = y
         if self.torso in ("mlp", "small_cnn"):
-            act = _ACT[self.activation]
+            act = ACTIVATIONS[self.activation]
             for h in self.hidden_sizes:
-                a = act(_dense(h, np.sqrt(2))(a))
+                a = act(orthogonal_dense(h, np.sqrt(2))(a))
             for h in self.hidden_sizes:
-                c = act(_dense(h, np.sqrt(2))(c))
-        head = _dense(self.action_dim, 0.01)(a)
+                c = act(orthogonal_dense(h, np.sqrt(2))(c))
+        head = orthogonal_dense(self.action_dim, 0.01)(a)
         if self.continuous:
             actor_out = (head, self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,)))
         else:
             actor_out = head
-        return actor_out, _dense(1, 1.0)(c)[..., 0]
+        return actor_out, orthogonal_dense(1, 1.0)(c)[..., 0]
 
 
 def _core_step(core: nn.Module, carry: Any, inputs: tuple[jax.Array, jax.Array]) -> tuple[Any, tuple[Any, jax.Array]]:
@@ -201,10 +201,10 @@ class _QHead(nn.Module):
     @nn.compact
     def __call__(self, y: jax.Array) -> tuple[jax.Array, jax.Array]:
         if self.torso in ("mlp", "small_cnn"):
-            act = _ACT[self.activation]
+            act = ACTIVATIONS[self.activation]
             for h in self.hidden_sizes:
-                y = act(_norm(self.layer_norm, _dense(h, np.sqrt(2))(y)))
-        q = _dense(self.action_dim, 1.0)(y)
+                y = act(_norm(self.layer_norm, orthogonal_dense(h, np.sqrt(2))(y)))
+        q = orthogonal_dense(self.action_dim, 1.0)(y)
         return q, jnp.max(q, axis=-1)
 
 

@@ -174,10 +174,10 @@ def save_params(path: Path, params: Any) -> None:
     multi-host: host copies (orbax refuses process-local arrays)."""
     import orbax.checkpoint as ocp
 
-    from tianji_jax.checkpoint.io import _single_process_options
+    from tianji_jax.checkpoint.io import single_process_options
 
     path = path.resolve()
-    options = _single_process_options(ocp)
+    options = single_process_options(ocp)
     if options:  # multi-host: orbax refuses process-local jax.Arrays; save host copies
         params = jax.device_get(params)
     with phase("final_params"), ocp.StandardCheckpointer(**options) as ckptr:

@@ -207,7 +207,8 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
 
 
 def _distributed_local(config: OnPolicyConfig, state: Any) -> Any:
-    """This process's local replica of a global learner state (multi-host runs)."""
-    from tianji_jax.runtime.async_on_policy import _distributed
+    """This process's local replica of a global learner state (multi-host runs; the runtime
+    checked this process joined ``config``'s job when it was wired)."""
+    from tianji_jax.runtime import distributed as dist
 
-    return _distributed(config).local_replica(state)
+    return dist.local_replica(state)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.algos.config_base import _check_bool, _check_float, _check_int, _torso_text
+from tianji_jax.algos.config_base import check_bool, check_float, check_int, _torso_text
 from tianji_jax.algos.config_checks import _check_atari, _check_distributional
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec
 
@@ -148,30 +148,30 @@ class DQNConfig(ReplayConfig):
 
     def _check_fields(self) -> None:
         for name in ("epsilon_start", "epsilon_end", "epsilon_decay_fraction", "per_beta_start"):
-            _check_float(name, getattr(self, name), low=0.0, high=1.0)
+            check_float(name, getattr(self, name), low=0.0, high=1.0)
         if self.epsilon_end > self.epsilon_start:
             raise ValueError(f"epsilon_end={self.epsilon_end} must be <= epsilon_start={self.epsilon_start} "
                              "(epsilon decays from start to end)")
         if self.epsilon_schedule not in _EPSILON_SCHEDULES:
             raise ValueError(f"epsilon_schedule must be one of {_EPSILON_SCHEDULES}, got {self.epsilon_schedule!r}")
-        _check_float("apex_epsilon", self.apex_epsilon, low=0.0, high=1.0)
-        _check_float("apex_alpha", self.apex_alpha, low=0.0)
-        _check_float("per_alpha", self.per_alpha, low=0.0)
+        check_float("apex_epsilon", self.apex_epsilon, low=0.0, high=1.0)
+        check_float("apex_alpha", self.apex_alpha, low=0.0)
+        check_float("per_alpha", self.per_alpha, low=0.0)
         if self.huber_delta is not None:
-            _check_float("huber_delta", self.huber_delta, low=0.0, low_open=True)
+            check_float("huber_delta", self.huber_delta, low=0.0, low_open=True)
         for name in ("double_q", "dueling", "prioritized"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
     def _check_target(self) -> None:  # exactly one of the two target-network rules
         if self.tau is not None:
-            _check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
+            check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
         if (self.target_update_period is None) == (self.tau is None):
             raise ValueError(
                 "set exactly one of target_update_period (hard copy every K gradient updates) and tau "
                 f"(Polyak update every gradient update); got target_update_period={self.target_update_period!r}, "
                 f"tau={self.tau!r} (on the command line: --tau 0.005 --target-update-period None)")
         if self.target_update_period is not None:
-            _check_int("target_update_period", self.target_update_period, minimum=1)
+            check_int("target_update_period", self.target_update_period, minimum=1)
 
     def _check_action_space(self, spec: EnvSpec) -> None:
         if spec.action_kind != "discrete":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.algos.config_base import _check_bool, _check_float, _check_int
+from tianji_jax.algos.config_base import check_bool, check_float, check_int
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PPOConfig"]
@@ -69,16 +69,16 @@ class PPOConfig(OnPolicyConfig):
 
     def _check_fields(self) -> None:
         """PPO's own fields (see :meth:`OnPolicyConfig._check_fields`)."""
-        _check_float("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
+        check_float("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
         if self.advantage_estimator not in ("gae", "vtrace"):
             raise ValueError(f"advantage_estimator must be one of ('gae', 'vtrace'), got {self.advantage_estimator!r}")
-        _check_float("clip_eps", self.clip_eps, low=0.0, low_open=True)
-        _check_float("vf_coef", self.vf_coef, low=0.0)
-        _check_float("ent_coef", self.ent_coef, low=0.0)
+        check_float("clip_eps", self.clip_eps, low=0.0, low_open=True)
+        check_float("vf_coef", self.vf_coef, low=0.0)
+        check_float("ent_coef", self.ent_coef, low=0.0)
         for name in ("clip_value_loss", "normalize_advantages"):
-            _check_bool(name, getattr(self, name))
-        _check_float("log_std_init", self.log_std_init, low=-20.0, high=2.0)
-        _check_int("burn_in_steps", self.burn_in_steps, minimum=0)
+            check_bool(name, getattr(self, name))
+        check_float("log_std_init", self.log_std_init, low=-20.0, high=2.0)
+        check_int("burn_in_steps", self.burn_in_steps, minimum=0)
         if self.burn_in_steps and self.recurrent == "none":
             raise ValueError(f"burn_in_steps={self.burn_in_steps} needs a recurrent core (recurrent 'lstm' or 'gru', "
                              "got 'none'); allowed with recurrent='none': 0")

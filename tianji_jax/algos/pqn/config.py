@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
-from tianji_jax.algos.config_base import _check_bool, _check_float
+from tianji_jax.algos.config_base import check_bool, check_float
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["PQNConfig"]
@@ -69,12 +69,12 @@ class PQNConfig(OnPolicyConfig):
 
     def _check_fields(self) -> None:
         """PQN's own fields (see :meth:`OnPolicyConfig._check_fields`)."""
-        _check_float("q_lambda", self.q_lambda, low=0.0, high=1.0)
-        _check_float("epsilon_start", self.epsilon_start, low=0.0, high=1.0)
-        _check_float("epsilon_finish", self.epsilon_finish, low=0.0, high=self.epsilon_start)
-        _check_float("epsilon_anneal_fraction", self.epsilon_anneal_fraction, low=0.0, high=1.0)
-        _check_float("reward_scale", self.reward_scale, low=0.0, low_open=True)
-        _check_bool("layer_norm", self.layer_norm)
+        check_float("q_lambda", self.q_lambda, low=0.0, high=1.0)
+        check_float("epsilon_start", self.epsilon_start, low=0.0, high=1.0)
+        check_float("epsilon_finish", self.epsilon_finish, low=0.0, high=self.epsilon_start)
+        check_float("epsilon_anneal_fraction", self.epsilon_anneal_fraction, low=0.0, high=1.0)
+        check_float("reward_scale", self.reward_scale, low=0.0, low_open=True)
+        check_bool("layer_norm", self.layer_norm)
 
     def _check_env(self, spec: EnvSpec) -> None:
         """PQN acts epsilon-greedily over a Discrete action space."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar
 import tyro
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.algos.config_base import _check_bool, _check_float, _torso_text
+from tianji_jax.algos.config_base import check_bool, check_float, _torso_text
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["SACConfig"]
@@ -80,11 +80,11 @@ class SACConfig(ReplayConfig):
     """Target policy entropy of the temperature loss; None: ``-|A|`` (the action dimensions)."""
 
     def _check_fields(self) -> None:
-        _check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
-        _check_float("init_alpha", self.init_alpha, low=0.0, low_open=True)
-        _check_bool("autotune", self.autotune)
+        check_float("tau", self.tau, low=0.0, high=1.0, low_open=True)
+        check_float("init_alpha", self.init_alpha, low=0.0, low_open=True)
+        check_bool("autotune", self.autotune)
         if self.target_entropy is not None:
-            _check_float("target_entropy", self.target_entropy)
+            check_float("target_entropy", self.target_entropy)
             if not self.autotune:
                 raise ValueError(f"target_entropy={self.target_entropy} is the learned temperature's target; with "
                                  "autotune=False alpha stays init_alpha. Allowed: target_entropy=None (default) with "

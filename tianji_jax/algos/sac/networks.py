@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.nets.networks import _ACT, TORSOS, _custom_features, _dense, _image_torso, resolve_torso
+from tianji_jax.nets.networks import ACTIVATIONS, TORSOS, user_torso_features, orthogonal_dense, image_torso, resolve_torso
 
 __all__ = ["SACActor", "TwinQ", "make_sac_networks", "LOG_STD_MIN", "LOG_STD_MAX"]
 
@@ -45,9 +45,9 @@ def _features(torso: Any, obs_shape: tuple[int, ...], obs: jax.Array) -> jax.Arr
     """Features ``(B, F)`` float32 of ``obs (B, *obs_shape)`` from ``torso`` (submodules of the
     calling compact module)."""
     if callable(torso):
-        return _custom_features(torso, obs)
+        return user_torso_features(torso, obs)
     if torso in ("nature_cnn", "small_cnn"):
-        return _image_torso(torso, tuple(obs_shape))(obs)
+        return image_torso(torso, tuple(obs_shape))(obs)
     if torso == "mlp":
         return obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
     raise ValueError(f"torso={torso!r}: the SAC networks take {', '.join(repr(t) for t in TORSOS)} or a user "
@@ -57,16 +57,16 @@ def _features(torso: Any, obs_shape: tuple[int, ...], obs: jax.Array) -> jax.Arr
 
 def _mlp(x: jax.Array, hidden_sizes: Sequence[int], activation: str) -> jax.Array:
     """The hidden layers: ``Dense(h)`` (orthogonal, gain sqrt(2)) then ``activation``, for each ``h``."""
-    if activation not in _ACT:
-        raise ValueError(f"activation={activation!r}: allowed: {', '.join(repr(a) for a in _ACT)}")
-    act = _ACT[activation]
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation={activation!r}: allowed: {', '.join(repr(a) for a in ACTIVATIONS)}")
+    act = ACTIVATIONS[activation]
     for h in hidden_sizes:
-        x = act(_dense(int(h), np.sqrt(2))(x))
+        x = act(orthogonal_dense(int(h), np.sqrt(2))(x))
     return x
 
 
 def _head(features: int, scale: float, name: str) -> nn.Dense:
-    """A named output layer, initialised as :func:`tianji_jax.nets.networks._dense` (orthogonal with
+    """A named output layer, initialised as :func:`tianji_jax.nets.networks.orthogonal_dense` (orthogonal with
     gain ``scale``, bias 0)."""
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.constant(0.0),
                     name=name)
@@ -186,8 +186,8 @@ def make_sac_networks(action_dim: int, hidden_sizes: Sequence[int] = (256, 256),
     """
     if int(action_dim) < 1:
         raise ValueError(f"action_dim must be >= 1, got {action_dim!r}")
-    if activation not in _ACT:
-        raise ValueError(f"activation={activation!r}: allowed: {', '.join(repr(a) for a in _ACT)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation={activation!r}: allowed: {', '.join(repr(a) for a in ACTIVATIONS)}")
     obs_shape = tuple(int(d) for d in obs_shape)
     resolved = resolve_torso(torso, obs_shape)
     hidden = tuple(int(h) for h in hidden_sizes)
