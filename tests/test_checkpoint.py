@@ -404,7 +404,7 @@ _DQN_RESUME_SCRIPT = textwrap.dedent("""
                                                                  c["sampled"])
     assert dqn.runner.store.version == int(cut.state.learner.version)
     (_, _, _, stats), _ = dqn.runner.actors[0](dqn.learner_state.params, dqn.runner.store.version)[0]
-    print("EPSILON", float(stats["epsilon"]), float(dqn.parts.epsilon(buf.produced)), buf.produced)
+    print("EPSILON", float(stats["epsilon"]), float(dqn.agent.epsilon(buf.produced)), buf.produced)
     tj.train(run_dir=run_dir, progress=False, resume=True)
 """)
 

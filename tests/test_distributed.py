@@ -621,7 +621,7 @@ _REPLAY_WORKER = textwrap.dedent('''
                                                                            mask=mask)).items() if k != "items"}
     chunk.update({f"item_{i}": np.asarray(v) for i, v in enumerate(jax.tree.leaves(jax.device_get(items)))})
     np.savez(out, version=np.asarray(local.version),
-             size=np.asarray(int(jnp.sum(rt.parts.replay_size(rt.replay_state)))), **leaves, **chunk)
+             size=np.asarray(int(jnp.sum(rt.agent.replay_size(rt.replay_state)))), **leaves, **chunk)
     print("worker done", flush=True)
 ''')
 

@@ -40,7 +40,7 @@ def test_replicas_stay_identical_and_each_shard_keeps_its_own_items(prioritized)
     env column's items only into its shard."""
     config = tj.DQNConfig(**SMALL, prioritized=prioritized, total_env_steps=512)
     dqn = AsyncReplay(config)
-    parts = dqn.parts
+    parts = dqn.agent
     params = jax.device_put(dqn.learner_state.params, dqn.actor_device)
     actor = dqn._actor_states[0]
     for v in range(8):  # 8 chunks of 16 transitions: past learning_starts, both shards filled

@@ -98,7 +98,7 @@ def test_atari_gets_the_nature_cnn_uint8_trajectories_and_clean_evaluation_setti
     assert spec.is_atari and not tj.PPOConfig(**SMALL, env="envpool:CartPole-v1").env_spec.is_atari
     ppo = AsyncOnPolicy(config)
     try:
-        assert ppo.parts.network.torso == "nature_cnn"
+        assert ppo.agent.network.torso == "nature_cnn"
         traj, _ = ppo.host_actors[0](ppo.learner_state.params, 0)
         assert traj["obs"].dtype == np.uint8 and traj["obs"].shape == (4, 2, 4, 84, 84)
         learner, metrics = ppo._learn(ppo.learner_state, traj)

@@ -14,7 +14,8 @@ import numpy as np
 
 from tianji_jax.run import host_on_policy, host_replay  # noqa: F401 - re-exported for callers
 from tianji_jax.algos.registry import algorithm_for
-from tianji_jax.config import CheckpointConfig, DQNConfig, PPOConfig, UntrustedCodeError, load_config
+from tianji_jax.algos.config_base import AgentConfig
+from tianji_jax.config import CheckpointConfig, UntrustedCodeError, load_config
 from tianji_jax.run.evaluation import EvalResult
 from tianji_jax.run.host_loop import async_restore as _async_restore  # noqa: F401  (imported from here by tests)
 from tianji_jax.run.host_loop import final_params_complete
@@ -27,7 +28,7 @@ from tianji_jax.checkpoint.state_check import check_params_match, check_state_ki
 __all__ = ["train", "evaluate", "load", "load_params", "TrainResult", "LoadedRun", "METRIC_COLUMNS"]
 
 
-def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10, seed: int = 0) -> EvalResult:
+def evaluate(config: AgentConfig, state: PPOTrainState, *, num_episodes: int = 10, seed: int = 0) -> EvalResult:
     """Play ``num_episodes`` episodes with the deterministic policy of ``state``.
 
     Observation statistics are read from ``state`` and never updated. With a
@@ -59,7 +60,7 @@ def evaluate(config: PPOConfig, state: PPOTrainState, *, num_episodes: int = 10,
 
 
 def train(
-    config: PPOConfig | DQNConfig | None = None,
+    config: AgentConfig | None = None,
     *,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
@@ -118,7 +119,9 @@ def train(
     completed the row (``meta["learner_group"]``), and the last row the groups' averaged params.
 
     Args:
-        config: a :class:`PPOConfig` or :class:`DQNConfig` (validated at construction); with
+        config: the config of a registered algorithm (:class:`~tianji_jax.config.PPOConfig`,
+            :class:`~tianji_jax.config.PQNConfig`, :class:`~tianji_jax.config.DQNConfig`,
+            :class:`~tianji_jax.config.SACConfig`, or one registered by another package; validated at construction); with
             ``resume=True`` it may be None (read from ``run_dir/config.json``) and otherwise must
             equal the checkpoint's up to ``stop_at_return`` / ``stall_timeout_s``.
         run_dir: if given, receives ``config.json`` (the resolved config with derived sizes),
@@ -148,7 +151,7 @@ def train(
         A :class:`TrainResult` (on resume its ``curve`` holds the restored rows too).
 
     Raises:
-        TypeError: ``config`` is neither a :class:`PPOConfig` nor a :class:`DQNConfig`.
+        TypeError: ``config`` is not the config of a registered algorithm.
         FileExistsError: ``run_dir`` already holds a run (``metrics.csv`` rows or checkpoints) and
             ``resume`` is False (a run directory is never overwritten; one without either is reused).
         NotADirectoryError: ``run_dir`` is an existing file.
@@ -174,7 +177,8 @@ def train(
             except FileNotFoundError as err:  # as tj.load: not a run directory
                 raise ckpt.CheckpointError(str(err)) from None
     if config is None:
-        raise TypeError("config must be a PPOConfig or a DQNConfig, got None (None is allowed only with resume=True)")
+        raise TypeError("config must be the config of a registered algorithm (e.g. PPOConfig), got None (None is "
+                        "allowed only with resume=True)")
     algo = algorithm_for(config)  # TypeError naming the registered config classes
     if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
         raise TypeError(f"checkpoint must be a CheckpointConfig, got {type(checkpoint).__name__}")
@@ -254,7 +258,7 @@ def load_params(path: str | Path, like: Any = None) -> Any:
         return ckptr.restore(path, like)
 
 
-def load(run_dir: str | Path, *, step: int | None = None, config: PPOConfig | DQNConfig | None = None,
+def load(run_dir: str | Path, *, step: int | None = None, config: AgentConfig | None = None,
          trust_code: bool = False) -> LoadedRun:
     """Load a run's config and the train state of one of its checkpoints.
 

@@ -195,8 +195,10 @@ def _check_torso(config: Any, obs_shape: tuple[int, ...]) -> None:
     torso_factory(torso)  # imports it now: a bad path fails here, in one line
 
 
-class _AgentConfig:
-    """What PPOConfig and DQNConfig share besides validation: ``replace`` and ``to_dict``."""
+class AgentConfig:
+    """The base of every algorithm's config (:class:`~tianji_jax.algos.on_policy_config.OnPolicyConfig`
+    and :class:`~tianji_jax.algos.replay_config.ReplayConfig` extend it; generic code is typed by
+    it): ``replace``, ``to_dict`` and where the actors step the envs."""
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied, validated again.

@@ -8,8 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tianji_jax.algos.dqn.config import DQNConfig
-    from tianji_jax.algos.ppo.config import PPOConfig
+    from tianji_jax.algos.config_base import AgentConfig
 
 __all__ = ["UntrustedCodeError", "code_named_in", "config_from_dict", "load_config"]
 
@@ -28,7 +27,7 @@ def code_named_in(data: dict[str, Any]) -> dict[str, str]:
     return {"torso": torso} if isinstance(torso, str) and ":" in torso else {}
 
 
-def config_from_dict(data: dict[str, Any], *, trust_code: bool = False) -> "PPOConfig | DQNConfig":
+def config_from_dict(data: dict[str, Any], *, trust_code: bool = False) -> "AgentConfig":
     """Rebuild a config from the dict written to ``config.json`` (``to_dict()`` plus ``"algo"``;
     ``derived`` and ``description`` are ignored).
 
@@ -78,7 +77,7 @@ def config_from_dict(data: dict[str, Any], *, trust_code: bool = False) -> "PPOC
     return cls(**fields)
 
 
-def load_config(run_dir: Any, *, trust_code: bool = False) -> "PPOConfig | DQNConfig":
+def load_config(run_dir: Any, *, trust_code: bool = False) -> "AgentConfig":
     """The config of the run in ``run_dir`` (from its ``config.json``).
 
     Args:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.algos.config_base import (_AgentConfig, check_bool, check_float, check_int, _check_shared,
+from tianji_jax.algos.config_base import (AgentConfig, check_bool, check_float, check_int, _check_shared,
                                     _check_torso, _describe_env_layer, plain_numbers, fields_in, layout, run,
                                     tianji)
 from tianji_jax.algos import capabilities
@@ -28,7 +28,7 @@ __all__ = ["OnPolicyConfig"]
 
 
 @dataclass(frozen=True)
-class OnPolicyConfig(_AgentConfig):
+class OnPolicyConfig(AgentConfig):
     """The fields and checks every on-policy algorithm's config shares (not registered itself).
 
     All sizes are counts; all step counts are env steps (one transition of one environment).

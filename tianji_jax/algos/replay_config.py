@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from tianji_jax.algos.config_base import (_AgentConfig, check_bool, check_float, check_int, _check_shared, _check_torso,
+from tianji_jax.algos.config_base import (AgentConfig, check_bool, check_float, check_int, _check_shared, _check_torso,
                                     _describe_env_layer, plain_numbers, fields_in, layout, run, tianji)
 from tianji_jax.algos import capabilities
 from tianji_jax.algos.config_checks import (_check_async_only, _check_distributed, _check_host_fields, _check_ray,
@@ -27,7 +27,7 @@ _RUNTIMES = ("anakin", "async")
 
 
 @dataclass(frozen=True)
-class ReplayConfig(_AgentConfig):
+class ReplayConfig(AgentConfig):
     """The fields and checks every replay algorithm's config shares (not registered itself).
 
     One **iteration** = the actor steps its ``num_envs`` envs ``num_steps`` times with the

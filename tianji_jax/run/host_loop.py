@@ -18,8 +18,7 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
-from tianji_jax.algos.dqn.config import DQNConfig
-from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.algos.config_base import AgentConfig
 from tianji_jax.run.logging import ProgressDisplay
 from tianji_jax.run.profiling import phase
 from tianji_jax.run.results import TrainResult
@@ -39,13 +38,13 @@ def mean_or_nan(total: float, count: int) -> float:
     return total / count if count > 0 else math.nan
 
 
-def make_display(config: PPOConfig | DQNConfig, progress: bool | None, algo: str) -> ProgressDisplay:
+def make_display(config: AgentConfig, progress: bool | None, algo: str) -> ProgressDisplay:
     """The run's progress bar (shown when ``progress``; None: when stderr is a terminal)."""
     show = sys.stderr.isatty() if progress is None else progress
     return ProgressDisplay(config.env_steps, show, description=f"{algo} {config.env_spec.name}")
 
 
-def make_emit(config: PPOConfig | DQNConfig, files: RunFiles, display: ProgressDisplay, start: float,
+def make_emit(config: AgentConfig, files: RunFiles, display: ProgressDisplay, start: float,
               evaluator: Callable | None) -> Callable[[dict[str, float], Any, Any], bool]:
     """The one way a metrics row reaches the run, in every runtime: ``emit(row, params, obs_rms)``
     evaluates ``params`` greedily (``evaluator(params, obs_rms, key) -> (returns, lengths)``, key
@@ -209,7 +208,7 @@ class RateWindow:
         return (snap[key] - self.start[key]) / self.seconds
 
 
-def async_columns(config: PPOConfig | DQNConfig, snap: dict, last: dict, window: RateWindow,
+def async_columns(config: AgentConfig, snap: dict, last: dict, window: RateWindow,
                   timers: Iterable[str]) -> dict[str, float]:
     """The async runtime's columns of a row (PPO and DQN) from the runner's counter snapshots
     ``snap`` (now) and ``last`` (previous row): production SPS and the actor/learner wait fractions

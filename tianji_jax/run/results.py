@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji_jax.algos.dqn.config import DQNConfig
-from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.algos.config_base import AgentConfig
 from tianji_jax.runtime.anakin import PPOTrainState
 
 __all__ = ["METRIC_COLUMNS", "TrainResult", "LoadedRun"]
@@ -87,7 +86,7 @@ class TrainResult:
         already_finished: True when ``resume`` found the run finished: nothing was trained.
     """
 
-    config: PPOConfig
+    config: AgentConfig
     state: PPOTrainState
     curve: dict[str, np.ndarray] = field(default_factory=dict)
     run_dir: Path | None = None
@@ -105,7 +104,7 @@ class LoadedRun:
     """What :func:`~tianji_jax.training.load` returns.
 
     Attributes:
-        config: the run's :class:`PPOConfig` / :class:`DQNConfig` (from ``config.json``).
+        config: the run's config (from ``config.json``).
         state: the train state of the checkpoint (:class:`~tianji_jax.runtime.anakin.PPOTrainState`
             or :class:`~tianji_jax.runtime.anakin.ReplayTrainState`; a DQN checkpoint saved without
             its replay buffer has an empty one; an async host-env run has ``state.actor = None``).
@@ -114,7 +113,7 @@ class LoadedRun:
         rows: ``metrics.csv`` rows up to the checkpoint.
     """
 
-    config: PPOConfig | DQNConfig
+    config: AgentConfig
     state: Any
     step: int
     meta: dict

@@ -14,8 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tianji_jax.algos.dqn.config import DQNConfig
-from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.algos.config_base import AgentConfig
 from tianji_jax.checkpoint.config import CheckpointConfig
 from tianji_jax.run.logging import CSVLogger, MetricsSink, TensorBoardLogger
 from tianji_jax.run.profiling import phase
@@ -63,7 +62,7 @@ class RunFiles:
         a checkpoint that ``config`` cannot continue.
     """
 
-    def __init__(self, config: PPOConfig | DQNConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
+    def __init__(self, config: AgentConfig, algo: str, derived: dict, *, run_dir: str | Path | None,
                  resume: bool, checkpoint: CheckpointConfig | None, tensorboard: bool, wandb: bool, check_versions: bool,
                  resumable: bool):
         from tianji_jax import checkpoint as ckpt

@@ -161,15 +161,15 @@ class AsyncOnPolicy:
         key = (compile_key(config), tuple(d.id for d in self.global_learner_devices))
         with _LOCK:
             if key not in _JIT_CACHE:
-                parts = make_agent(key[0])
-                learn = jax.jit(parts.learn if self.mesh is None else data_parallel.on_policy_learn(parts, self.mesh))
-                _JIT_CACHE[key] = (jax.jit(parts.rollout), learn, host_policy(parts), parts)
-            self._rollout, self._learn, self._policy, self.parts = _JIT_CACHE[key]
+                agent = make_agent(key[0])
+                learn = jax.jit(agent.learn if self.mesh is None else data_parallel.on_policy_learn(agent, self.mesh))
+                _JIT_CACHE[key] = (jax.jit(agent.rollout), learn, host_policy(agent), agent)
+            self._rollout, self._learn, self._policy, self.agent = _JIT_CACHE[key]
         self._replicated = self.learner_device if self.mesh is None else NamedSharding(self.mesh, P())
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
         if config.host_stepped:  # host actors time their two halves apart (gymnax fuses them)
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
-        k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        k_actor, k_learner = self.agent.split_init_key(jax.random.PRNGKey(config.seed))
         init_learner, init_actor = jitted_inits(config)
         self.learner_states: list[LearnerState] = [None]
         env_seed = config.seed
@@ -213,8 +213,8 @@ class AsyncOnPolicy:
                         self.host_actors.append(HostActor(config, self._policy, i, k, self.actor_device,
                                                           partial(self.to_learner, group=i % groups, actor_id=i),
                                                           self.timers.since, seed=env_seed,
-                                                          initial_carry=(self.parts.initial_carry
-                                                                         if self.parts.recurrent else None)))
+                                                          initial_carry=(self.agent.initial_carry
+                                                                         if self.agent.recurrent else None)))
             except BaseException:
                 self.close()
                 raise

@@ -115,24 +115,24 @@ class AsyncReplay:
         key = compile_key(config)
         with _LOCK:
             if key not in _JIT_CACHE:
-                parts = make_agent(key)
-                _JIT_CACHE[key] = (parts, jax.jit(parts.rollout), jax.jit(parts.insert, donate_argnums=0),
-                                   jax.jit(parts.learn, donate_argnums=1), jax.jit(parts.host_act),
-                                   jax.jit(parts.observe),
+                agent = make_agent(key)
+                _JIT_CACHE[key] = (agent, jax.jit(agent.rollout), jax.jit(agent.insert, donate_argnums=0),
+                                   jax.jit(agent.learn, donate_argnums=1), jax.jit(agent.host_act),
+                                   jax.jit(agent.observe),
                                    jax.jit(partial(window_transitions, gamma=key.gamma, n=key.n_step)),
-                                   jax.jit(parts.insert_frames, donate_argnums=0) if parts.frame_replay else None)
-            (self.parts, self._rollout, self._insert, self._learn, host_act, self._observe, build,
+                                   jax.jit(agent.insert_frames, donate_argnums=0) if agent.frame_replay else None)
+            (self.agent, self._rollout, self._insert, self._learn, host_act, self._observe, build,
              self._insert_frames) = _JIT_CACHE[key]
             if self.multi:  # every process's learners: local replay shards, one global learner block
                 skey = (key, "multi", tuple(d.id for d in global_learners))
                 if skey not in _JIT_CACHE:
-                    _JIT_CACHE[skey] = replay_sharded.make_multi_host_fns(self.parts, self.learner_devices,
+                    _JIT_CACHE[skey] = replay_sharded.make_multi_host_fns(self.agent, self.learner_devices,
                                                                           global_learners)
                 mesh, global_mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
             elif num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/replay_sharded.py)
                 skey = (key, tuple(d.id for d in self.learner_devices))
                 if skey not in _JIT_CACHE:
-                    _JIT_CACHE[skey] = replay_sharded.make_sharded_fns(self.parts, self.learner_devices)
+                    _JIT_CACHE[skey] = replay_sharded.make_sharded_fns(self.agent, self.learner_devices)
                 mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
                 global_mesh = mesh
         if num_learners > 1 or self.multi:
@@ -142,7 +142,7 @@ class AsyncReplay:
             replicated = replay_at = self.learner_device
             self._place = lambda *tree, group=0: jax.device_put(tree, self.group_devices[group])
         self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s")
-        k_actor, k_learner = self.parts.split_init_key(jax.random.PRNGKey(config.seed))
+        k_actor, k_learner = self.agent.split_init_key(jax.random.PRNGKey(config.seed))
         init_learner, init_actor = jitted_inits(config)
         env_seed = None
         if self.multi:  # same learner seed everywhere (identical replicas); each process its own actors and envs
@@ -153,10 +153,10 @@ class AsyncReplay:
         if restore is None:
             # the buffer's size is checked against free memory before it is allocated (MemoryError)
             learner, actors = init_learner(k_learner), None
-            replay = (replay_sharded.init_sharded_replay(self.parts, num_learners, check_memory=True,
+            replay = (replay_sharded.init_sharded_replay(self.agent, num_learners, check_memory=True,
                                                          total_shards=num_learners * procs)
                       if num_learners > 1 or self.multi
-                      else self.parts.init_replay(config.num_actors, check_memory=True,
+                      else self.agent.init_replay(config.num_actors, check_memory=True,
                                                   capacity=config.buffer_capacity // groups))
         else:
             learner, replay, actors = restore["learner"], restore["replay"], restore["actors"]
@@ -169,7 +169,7 @@ class AsyncReplay:
             jax.device_put(learner.replace(key=jax.random.fold_in(learner.key, g)), self.group_devices[g])
             for g in range(1, groups)]
         self.replay_states = [jax.device_put(replay, replay_at)] + [
-            self.parts.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
+            self.agent.init_replay(config.num_actors, capacity=config.buffer_capacity // groups)
             for _ in range(1, groups)]
         self.replay_states[1:] = [jax.device_put(r, d) for r, d in zip(self.replay_states[1:], self.group_devices[1:])]
         # normalisation with learner groups: one set of statistics, folded in by every group's inserts;
@@ -180,8 +180,8 @@ class AsyncReplay:
             self._process_rms = SharedStatistics(config.env_spec.observation_space.shape, HostNormStats(
                 learner.obs_rms, RunningMeanStd.create(())), dist.make_process_gather(global_mesh, self.learner_devices))
         self._rms_lock = threading.Lock()
-        self.explore_metric = self.parts.EXPLORE_METRIC
-        self._actor_epsilon = [float(np.mean(self.parts.host_explore(0, i, config.num_actors))) for i in range(config.num_actors)]
+        self.explore_metric = self.agent.EXPLORE_METRIC
+        self._actor_epsilon = [float(np.mean(self.agent.host_explore(0, i, config.num_actors))) for i in range(config.num_actors)]
         self.epsilon = float(np.mean(self._actor_epsilon))
         self._zero_stats()
         self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
@@ -202,7 +202,7 @@ class AsyncReplay:
                 else:
                     for i, k in enumerate(keys):
                         self.host_actors.append(ReplayHostActor(
-                            config, self.parts, host_act, build, i, k, self.actor_device,
+                            config, self.agent, host_act, build, i, k, self.actor_device,
                             partial(self._place_tree, group=i % groups), self._run_env_steps, self.timers.since,
                             seed=env_seed))
             except BaseException:
@@ -218,7 +218,7 @@ class AsyncReplay:
         c = config.iteration_env_steps
         self.runner = ReplayRunner(
             actors=actors, insert=self._insert_chunks,
-            learn=self._learn_block, initial_params=self.parts.acting_params(self.local_learner_state),
+            learn=self._learn_block, initial_params=self.agent.acting_params(self.local_learner_state),
             num_updates=config.learning_iterations // groups, chunk_steps=c, spi=config.replay_ratio * config.batch_size,
             block_samples=config.updates_per_step * config.batch_size // procs,
             min_size=config.learning_starts // groups // procs,
@@ -327,7 +327,7 @@ class AsyncReplay:
         """A remote actor's chunk (host arrays, as :class:`ReplayHostActor` returns it) on its learner
         group's device(s); a frame chunk's sequence number stays a Python int."""
         (items, item_version, mask, stats), _ = data
-        if self.parts.frame_replay:
+        if self.agent.frame_replay:
             return (jax.device_put(items, self.learner_device), int(item_version), None, stats), None
         group = actor_id % self.config.num_learner_groups
         return (*self._place(items, item_version, mask, group=group), stats), None
@@ -335,7 +335,7 @@ class AsyncReplay:
     def _place_tree(self, tree: Any, group: int = 0) -> Any:
         """A host actor's chunk arrays on learner group ``group`` (``(items, item_version, mask)``
         placed by ``_place``; a frame chunk on the learner device)."""
-        if self.parts.frame_replay:
+        if self.agent.frame_replay:
             return jax.device_put(tree, self.learner_device)
         return self._place(*tree, group=group)
 
@@ -379,7 +379,7 @@ class AsyncReplay:
             # Ape-X's fixed per-env epsilons of this actor's slice
             produced = self._run_env_steps()
             state = self._actor_states[i].replace(env_steps=jnp.asarray(produced, jnp.int32))
-            eps = self.parts.actor_explore(produced, i, self.config.num_actors)
+            eps = self.agent.actor_explore(produced, i, self.config.num_actors)
             eps = None if eps is None else jax.device_put(eps, self.actor_device)
             with self.timers.span("rollout_s"):
                 state, items, item_version, mask, stats = self._rollout(params, jnp.asarray(version, jnp.int32),
@@ -401,7 +401,7 @@ class AsyncReplay:
         stats_g = self.episode_stats[group]
         for chunk in chunks:
             (items, item_version, mask, stats), self.consumed_actor_states[chunk.actor_id] = chunk.data
-            if self.parts.frame_replay:  # items: the frame chunk, item_version: the actor's chunk number
+            if self.agent.frame_replay:  # items: the frame chunk, item_version: the actor's chunk number
                 a = chunk.actor_id
                 gap = item_version != self._next_seq[a]  # the gate dropped chunks of this actor before it
                 self._next_seq[a] = item_version + 1
@@ -439,7 +439,7 @@ class AsyncReplay:
                 self._shared_rms = learner.obs_rms
         self.learner_states[group] = learner
         store = self.runner.stores[group]
-        store.publish(self.parts.acting_params(learner), store.version)
+        store.publish(self.agent.acting_params(learner), store.version)
 
     def _learn_block(self, group: int, version: int):
         if self.multi:
@@ -449,7 +449,7 @@ class AsyncReplay:
             env_steps = np.int32(sum(b.inserted for b in self.runner.buffers))
             learner, self.replay_states[group], metrics = self._learn(self.learner_states[group],
                                                                       self.replay_states[group], env_steps)
-            size = jnp.sum(self.parts.replay_size(self.replay_states[group]))
+            size = jnp.sum(self.agent.replay_size(self.replay_states[group]))
             per_group = config.learning_iterations // config.num_learner_groups
             if self.averager is not None and is_sync_point(version + 1, config.sync_every, per_group):
                 mean = self.averager.average(group, (learner.params, learner.target_params), version + 1)
@@ -462,7 +462,7 @@ class AsyncReplay:
         explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
         metrics = {**metrics, **self.episode_stats[group], **explore, "replay_size": int(size)}
         self._zero_stats(group)
-        return self.parts.acting_params(learner), metrics
+        return self.agent.acting_params(learner), metrics
 
     def _learn_global(self, version: int):
         """Multi-host: one learner block as a collective over every process (each samples its
@@ -485,6 +485,6 @@ class AsyncReplay:
         dist.log(f"update {version + 1} params_sha256 {dist.params_digest(params)}")
         explore = {} if self.explore_metric is None else {self.explore_metric: self.epsilon}
         metrics = {**jax.device_get(dist.local_replica(metrics)), **self.episode_stats[0], **explore,
-                   "replay_size": int(jnp.sum(self.parts.replay_size(self.replay_state)))}
+                   "replay_size": int(jnp.sum(self.agent.replay_size(self.replay_state)))}
         self._zero_stats(0)
-        return dist.local_replica(self.parts.acting_params(learner)), metrics  # with the statistics, normalising
+        return dist.local_replica(self.agent.acting_params(learner)), metrics  # with the statistics, normalising

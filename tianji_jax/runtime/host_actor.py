@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tianji_jax.algos.dqn.config import DQNConfig
-from tianji_jax.algos.ppo.config import PPOConfig
+from tianji_jax.algos.config_base import AgentConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.envs.spaces import Box
 from tianji_jax.runtime.chunker import TrajectoryChunker
@@ -71,10 +70,10 @@ def on_policy_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
     unused."""
     from tianji_jax.runtime.anakin import make_agent
 
-    parts = make_agent(config)
-    key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
-    return HostActor(config, host_policy(parts), actor_id, key, device, lambda traj: traj, timer, seed=seed,
-                     initial_carry=parts.initial_carry if parts.recurrent else None)
+    agent = make_agent(config)
+    key = fold_key(agent.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
+    return HostActor(config, host_policy(agent), actor_id, key, device, lambda traj: traj, timer, seed=seed,
+                     initial_carry=agent.initial_carry if agent.recurrent else None)
 
 
 def host_policy(agent: Any) -> Callable:
@@ -129,7 +128,7 @@ class HostActor:
     """One actor thread's env, policy and chunker. Call it as the runtime's ``act(params, version)``.
 
     Args:
-        config: the :class:`PPOConfig` or :class:`~tianji_jax.config.DQNConfig` (``env`` on a host
+        config: the run's config (any registered algorithm's; ``env`` on a host
             backend; ``num_envs``, ``num_steps``, ``seed``, ``env_batch_size`` are read).
         policy: ``(params, obs (B, *obs), key, version) -> (env_action, action, log_prob, value,
             key)`` with the first four as host numpy arrays (:func:`host_policy`: the agent's
@@ -182,7 +181,7 @@ class HostActor:
     (the on-policy path); the replay actor sets it False: its learner folds in the raw observations
     it inserts and publishes the statistics with the params."""
 
-    def __init__(self, config: PPOConfig | DQNConfig, policy: Callable | None, actor_id: int, key: jax.Array,
+    def __init__(self, config: AgentConfig, policy: Callable | None, actor_id: int, key: jax.Array,
                  actor_device: Any, to_learner: Callable[[dict], dict], timer: Callable[[str, float], None],
                  seed: int | None = None, initial_carry: Callable[[int], Any] | None = None):
         spec = config.env_spec
@@ -328,7 +327,7 @@ class HostActor:
         self.env.close()
 
 
-def make_host_evaluate(config: PPOConfig | DQNConfig, greedy: Callable, num_episodes: int,
+def make_host_evaluate(config: AgentConfig, greedy: Callable, num_episodes: int,
                        initial_carry: Callable[[int], Any] | None = None) -> Callable:
     """``evaluate(params, obs_rms, key) -> (returns (M,) float32, lengths (M,) int32)`` on a host env.
 

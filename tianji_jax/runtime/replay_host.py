@@ -78,21 +78,21 @@ class HostNStep:
     chunks-steps late. Slots not filled yet at the start come back with ``mask=False``.
 
     Args:
-        parts: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (window shape, ``gamma``,
+        agent: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (window shape, ``gamma``,
             ``n_step``).
         device: where the window lives and the builder runs (the actor device).
         build: optional jitted ``window_transitions`` (shared between actors); built if None.
     """
 
-    def __init__(self, parts: ReplayAgent, device: Any = None, build: Callable | None = None):
-        cfg = parts.config
-        self.num_envs, self.history_len = cfg.num_envs, parts.history_len
+    def __init__(self, agent: ReplayAgent, device: Any = None, build: Callable | None = None):
+        cfg = agent.config
+        self.num_envs, self.history_len = cfg.num_envs, agent.history_len
         self.device = device
-        self.history = jax.device_put(parts.init_history(), device)
+        self.history = jax.device_put(agent.init_history(), device)
         self._build = build if build is not None else jax.jit(partial(window_transitions, gamma=cfg.gamma,
                                                                        n=cfg.n_step))
         self._gap = np.zeros((cfg.num_envs,), bool)
-        self.continuous = parts.continuous
+        self.continuous = agent.continuous
 
     def cut(self, envs: np.ndarray) -> None:
         """Mark a gap in the streams of ``envs`` (``(N,)`` bool): steps between the last chunk and
@@ -131,7 +131,7 @@ class ReplayHostActor(HostActor):
 
     Args:
         config: the run's replay config (host ``env``, ``runtime='async'``).
-        parts: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (may be a cached one
+        agent: the run's :class:`~tianji_jax.algos.replay_agent.ReplayAgent` (may be a cached one
             built from the compile key).
         host_act: jitted :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act`.
         build: jitted :func:`window_transitions` for ``config`` (``gamma``, ``n_step`` bound).
@@ -157,22 +157,22 @@ class ReplayHostActor(HostActor):
 
     HOST_STATISTICS = False  # normalisation: the learner's statistics come with the params (ActingParams)
 
-    def __init__(self, config: Any, parts: ReplayAgent, host_act: Callable, build: Callable, actor_id: int,
+    def __init__(self, config: Any, agent: ReplayAgent, host_act: Callable, build: Callable, actor_id: int,
                  key: jax.Array, actor_device: Any, to_learner: Callable | None, run_env_steps: Callable[[], int],
                  timer: Callable[[str, float], None], seed: int | None = None):
         self.run_env_steps = run_env_steps
         self.to_learner_tree = to_learner or (lambda tree: tree)
         self._host_act = host_act
-        self.parts = parts
+        self.agent = agent
         self.num_actors = config.num_actors
-        self.frames = parts.frame_replay
-        self.n_step = None if self.frames else HostNStep(parts, actor_device, build)
+        self.frames = agent.frame_replay
+        self.n_step = None if self.frames else HostNStep(agent, actor_device, build)
         self._start = np.ones((config.num_envs,), bool)  # frames: the next step of each env starts a stretch
         self.chunks_sent = 0  # frames: sequence number of the next chunk
         super().__init__(config, None, actor_id, key, actor_device, self._finish, timer, seed=seed)
 
     def _act(self, params: Any, step: HostStep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        eps = self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors)[step.env_id]
+        eps = self.agent.host_explore(self.run_env_steps(), self.actor_id, self.num_actors)[step.env_id]
         # numpy in: jit places it beside the committed params and key (cheaper than jax.device_put)
         action, self.key = self._host_act(params, step.obs, self.key, np.asarray(eps, np.float32))
         action = np.asarray(action)
@@ -182,7 +182,7 @@ class ReplayHostActor(HostActor):
     def _traceable_act(self) -> Callable:
         """The agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.host_act` in a compiled
         block's signature (``arg``: the ``(N,)`` exploration parameters; zero log-probs and values)."""
-        host_act = self.parts.host_act
+        host_act = self.agent.host_act
 
         def act(params, obs, key, explore):
             action, key = host_act(params, obs, key, explore)
@@ -193,14 +193,14 @@ class ReplayHostActor(HostActor):
 
     def _block_arg(self) -> np.ndarray:
         """The ``(N,)`` float32 exploration parameters now (read once per compiled block)."""
-        return np.asarray(self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors), np.float32)
+        return np.asarray(self.agent.host_explore(self.run_env_steps(), self.actor_id, self.num_actors), np.float32)
 
     def _explore_stat(self) -> dict[str, float]:
         """The agent's exploration metric over this actor's envs now (DQN: mean epsilon), or none."""
-        name = self.parts.EXPLORE_METRIC
+        name = self.agent.EXPLORE_METRIC
         if name is None:
             return {}
-        return {name: float(self.parts.host_explore(self.run_env_steps(), self.actor_id, self.num_actors).mean())}
+        return {name: float(self.agent.host_explore(self.run_env_steps(), self.actor_id, self.num_actors).mean())}
 
     def _discard(self) -> None:
         # envs with leftovers or actions in flight lose steps: their windows end before the gap
@@ -244,8 +244,8 @@ def replay_host_actor(config: Any, actor_id: int, device: Any, *, seed: int,
     value sent with its newest rollout request)."""
     from tianji_jax.algos.registry import agent_class_for
 
-    parts = agent_class_for(config)(config)  # not the compile key: re-validating would check replay memory here
-    build = jax.jit(partial(window_transitions, gamma=parts.config.gamma, n=parts.config.n_step))
-    key = fold_key(parts.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
-    return ReplayHostActor(config, parts, jax.jit(parts.host_act), build, actor_id, key, device, None,
+    agent = agent_class_for(config)(config)  # not the compile key: re-validating would check replay memory here
+    build = jax.jit(partial(window_transitions, gamma=agent.config.gamma, n=agent.config.n_step))
+    key = fold_key(agent.split_init_key(jax.random.PRNGKey(config.seed))[0], key_folds)
+    return ReplayHostActor(config, agent, jax.jit(agent.host_act), build, actor_id, key, device, None,
                            run_env_steps or (lambda: 0), timer, seed=seed)

@@ -36,7 +36,7 @@ from tianji_jax.runtime.data_parallel import make_mesh
 __all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "block_fns", "make_multi_host_fns"]
 
 
-def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False, total_shards: int | None = None
+def init_sharded_replay(agent: Any, num_shards: int, check_memory: bool = False, total_shards: int | None = None
                         ) -> Any:
     """``num_shards`` empty replay buffers of ``buffer_capacity / total_shards`` transitions
     (``total_shards``: every process's shards, default ``num_shards``), stacked on a leading axis
@@ -47,12 +47,12 @@ def init_sharded_replay(parts: Any, num_shards: int, check_memory: bool = False,
         ValueError: frame replay (Atari; not sharded yet).
         MemoryError: ``check_memory`` and a shard would not fit.
     """
-    if parts.frame_replay:
+    if agent.frame_replay:
         raise ValueError("data-parallel learners do not shard the frame replay (envpool Atari) yet")
-    capacity = parts.config.buffer_capacity // (total_shards or num_shards)
+    capacity = agent.config.buffer_capacity // (total_shards or num_shards)
     if check_memory:
-        replay.check_fits(replay.replay_bytes(parts.example_item, capacity))
-    one = replay.init(parts.example_item, capacity, check_memory=False)
+        replay.check_fits(replay.replay_bytes(agent.example_item, capacity))
+    one = replay.init(agent.example_item, capacity, check_memory=False)
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_shards, *x.shape)).copy(), one)
 
 
@@ -69,7 +69,7 @@ def split_by_env(tree: Any, num_envs: int, num_shards: int) -> Any:
     return jax.tree.map(split, tree)
 
 
-def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callable, Callable]:
+def make_sharded_fns(agent: Any, devices: list) -> tuple[Mesh, Callable, Callable, Callable]:
     """``(mesh, place, insert, learn)`` for data-parallel learners on ``devices``.
 
     * ``place(items, item_version, mask)``: split by env (:func:`split_by_env`) and put on the
@@ -83,16 +83,16 @@ def make_sharded_fns(parts: Any, devices: list) -> tuple[Mesh, Callable, Callabl
     num = len(devices)
     mesh = make_mesh(list(devices))
     shard = NamedSharding(mesh, P("data"))
-    n_envs = parts.config.num_envs
+    n_envs = agent.config.num_envs
 
     def place(items: Any, item_version: Any, mask: Any) -> tuple:
         return jax.device_put(split_by_env((items, item_version, mask), n_envs, num), shard)
 
-    insert, learn = block_fns(parts, mesh)
+    insert, learn = block_fns(agent, mesh)
     return mesh, place, jax.jit(insert, donate_argnums=0), jax.jit(learn, donate_argnums=1)
 
 
-def block_fns(parts: Any, mesh: Mesh) -> tuple[Callable, Callable]:
+def block_fns(agent: Any, mesh: Mesh) -> tuple[Callable, Callable]:
     """``(insert, learn)`` of the layout above over ``mesh``, not jitted (data-parallel Anakin runs
     them inside its program; :func:`make_sharded_fns` jits them):
 
@@ -108,10 +108,10 @@ def block_fns(parts: Any, mesh: Mesh) -> tuple[Callable, Callable]:
     stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
 
     def insert_shard(rs, items, item_version, mask):
-        return stack(parts.insert(local(rs), local(items), local(item_version), local(mask)))
+        return stack(agent.insert(local(rs), local(items), local(item_version), local(mask)))
 
     def learn_shard(learner, rs, env_steps):
-        learner, rs, metrics = parts.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
+        learner, rs, metrics = agent.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
         return learner, stack(rs), metrics
 
     # check_vma=False: pmap semantics (runtime/data_parallel.py): learn averages the gradients itself
@@ -121,7 +121,7 @@ def block_fns(parts: Any, mesh: Mesh) -> tuple[Callable, Callable]:
     return insert, learn
 
 
-def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
+def make_multi_host_fns(agent: Any, local_devices: list, global_devices: list
                         ) -> tuple[Mesh, Mesh, Callable, Callable, Callable]:
     """``(local_mesh, global_mesh, place, insert, learn)`` for multi-host learners
     (``jax.distributed``, :mod:`tianji_jax.runtime.distributed`).
@@ -142,7 +142,7 @@ def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
     env steps (an int; prioritised replay's beta anneals on it); returns ``(learner,
     replay_state, metrics)``.
     """
-    local_mesh, place, insert, _ = make_sharded_fns(parts, local_devices)
+    local_mesh, place, insert, _ = make_sharded_fns(agent, local_devices)
     num, per = len(global_devices), len(local_devices)
     global_mesh = make_mesh(list(global_devices))
     g_shard, l_shard = NamedSharding(global_mesh, P("data")), NamedSharding(local_mesh, P("data"))
@@ -150,7 +150,7 @@ def make_multi_host_fns(parts: Any, local_devices: list, global_devices: list
 
     def learn_shard(learner, rs, env_steps):
         local = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
-        learner, rs, metrics = parts.learn(learner, local(rs), env_steps[0], axis_name="data", num_shards=num)
+        learner, rs, metrics = agent.learn(learner, local(rs), env_steps[0], axis_name="data", num_shards=num)
         return learner, jax.tree.map(lambda x: x[None], rs), metrics
 
     learn_global = jax.jit(jax.shard_map(learn_shard, mesh=global_mesh, in_specs=(P(), P("data"), P("data")),

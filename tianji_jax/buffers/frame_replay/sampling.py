@@ -7,7 +7,6 @@ docstring describes the layout, validity rule and n-step transitions implemented
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +14,7 @@ from flax import struct
 
 from tianji_jax.buffers import sum_tree
 from tianji_jax.buffers.transition import Transition
-from tianji_jax.buffers.frame_replay.state import (FrameReplayState, _at, _done, _held, _history, _rows, _stack,
-                                                _valid_start)
+from tianji_jax.buffers.frame_replay.state import FrameReplayState, _at, _done, _rows, _stack
 from tianji_jax.buffers.replay.sampling import check_batch_size, check_number, probs_and_weights
 
 __all__ = ["FrameSample", "can_sample", "sample", "update_priorities"]
