@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tianji_jax.runtime.async_runtime import AsyncRunner
+from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks
 from tianji_jax.runtime.auto_schedule import HIGH, LOW, AutoBalancer
 from tianji_jax.runtime.replay_runner import ReplayRunner
 
@@ -45,9 +45,7 @@ def _on_policy_run(num_actors, ceiling, actor_ms, learner_ms, seed, updates=40):
 
     runner = AsyncRunner(actors=[make_actor(i) for i in range(num_actors)], learn=learn, initial_params=0,
                          num_updates=updates, item_steps=8, schedule="relaxed", max_policy_lag=ceiling,
-                         stall_timeout_s=30)
-    runner.balancer = AutoBalancer(ceiling, num_actors=num_actors, period=2)
-    runner.balancer.start(runner.buffers)
+                         stall_timeout_s=30, hooks=RunnerHooks(balancer=AutoBalancer(ceiling, num_actors=num_actors, period=2)))
 
     def on_update(version, metrics, item):
         windows.append(runner.snapshot["lag_window"])
@@ -97,9 +95,8 @@ def test_auto_keeps_the_replay_band_within_the_tolerance(num_actors, tolerance, 
 
     runner = ReplayRunner(actors=[make_actor(i) for i in range(num_actors)], insert=insert, learn=learn,
                           initial_params=0, num_updates=40, chunk_steps=8, spi=4.0, block_samples=16, min_size=16,
-                          max_policy_lag=ceiling, stall_timeout_s=30, band_factor=tolerance)
-    runner.balancer = AutoBalancer(ceiling, tolerance, num_actors=num_actors, period=2)
-    runner.balancer.start(runner.buffers)
+                          max_policy_lag=ceiling, stall_timeout_s=30, band_factor=tolerance,
+                          hooks=RunnerHooks(balancer=AutoBalancer(ceiling, tolerance, num_actors=num_actors, period=2)))
     runner.run(lambda *a: False)
     m = 16 + 4.0 * 8
     centre = 16 * 4.0

@@ -44,11 +44,10 @@ def test_sync_groups_average_online_and_target_params_at_sync_points():
     config = tj.DQNConfig(**SMALL, schedule="sync", sync_every=2, total_env_steps=1024)
     dqn = AsyncReplay(config)
     published: dict = {}
-    dqn.runner.extra_snapshot = lambda: {"group": dqn.runner.publishing_group, "states": list(dqn.learner_states)}
 
     def on_update(version, _metrics, _item):
         g = dqn.runner.snapshot["group"]
-        published[(g, version)] = jax.device_get(dqn.runner.snapshot["states"][g])
+        published[(g, version)] = jax.device_get(dqn.runner.snapshot["learner_states"][g])
         return False
 
     try:

@@ -133,11 +133,10 @@ def _run_sync_groups(sync_every: int):
     ppo = AsyncOnPolicy(config)
     published: dict = {}
     lags: list = []
-    ppo.runner.extra_snapshot = lambda: {"states": list(ppo.learner_states)}
 
     def on_update(version, metrics, item):
         g = ppo.runner.group_of(item.actor_id)
-        published[(g, version)] = jax.device_get(ppo.runner.snapshot["states"][g])
+        published[(g, version)] = jax.device_get(ppo.runner.snapshot["learner_states"][g])
         lags.append((g, int(metrics["policy_lag_max"])))
         return False
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tianji_jax.runtime.async_runtime import AsyncRunner
+from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks
 from tianji_jax.runtime.scheduled import ScheduledRunner, VersionedParamStore
 from tianji_jax.buffers.schedule_file import FORMAT, ScheduleRecorder, load_schedule
 
@@ -63,11 +63,10 @@ def _record(path, seed, num_updates=30, admission=False):
     learn, box = _learn(seed, 0.004)
     runner = AsyncRunner(actors=_actors(3, seed, 0.01), learn=learn, initial_params=0, num_updates=num_updates,
                          item_steps=4, schedule="relaxed", max_policy_lag=1, queue_batches=2, stall_timeout_s=30,
-                         admission=admission)
-    runner.recorder = ScheduleRecorder(path, num_actors=3, item_steps=4, max_policy_lag=1)
-    runner.buffer.drop_log = []
+                         admission=admission,
+                         hooks=RunnerHooks(recorder=ScheduleRecorder(path, num_actors=3, item_steps=4, max_policy_lag=1)))
     _run(runner)
-    runner.recorder.close()
+    runner.hooks.recorder.close()
     return box["params"], runner
 
 

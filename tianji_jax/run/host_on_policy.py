@@ -21,7 +21,7 @@ from tianji_jax.run.evaluation import EvalResult, make_evaluate, make_recurrent_
 from tianji_jax.run.profiling import timed
 from tianji_jax.run.results import TrainResult
 from tianji_jax.run.run_files import RunFiles, stack_actors
-from tianji_jax.buffers.schedule_file import FILE_NAME as SCHEDULE_FILE, ScheduleRecorder
+from tianji_jax.buffers.schedule_file import FILE_NAME as SCHEDULE_FILE
 from tianji_jax.runtime.anakin import (OnPolicyAnakin, OnPolicyTrainState, compile_key, host_metrics, one_device,
                                        shared_train as make_train)
 
@@ -141,26 +141,12 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
     from tianji_jax.runtime.host_normalize import SharedStatistics
 
-    wired = AsyncOnPolicy(config, restore=host_loop.async_restore(files.restored))
+    # record_schedule: which rollout each update consumes, and what the gate drops (train() refused a
+    # missing run_dir and a resume before the run dir was touched)
+    wired = AsyncOnPolicy(config, restore=host_loop.async_restore(files.restored),
+                          record_to=files.run_dir / SCHEDULE_FILE if config.record_schedule else None)
     print(wired.describe_placement(), file=sys.stderr, flush=True)
     runner = wired.runner
-
-    def extra() -> dict:
-        timers = wired.timers.read()
-        # the learner state as published with this version and the actors' half of the cut (the
-        # learner thread takes the snapshot right after publishing; the caller handles the event
-        # later, when the learner and the actors may be ahead)
-        cut = wired.cut()
-        return {**timers, "dropped_partial": cut["counters"]["dropped_partial"], "lost_chunks": wired.lost_chunks,
-                "learner_states": list(wired.learner_states), "cut": cut}
-
-    runner.extra_snapshot = extra
-    if config.record_schedule:  # which rollout each update consumes, and what the gate drops (train()
-        # refused a missing run_dir and a resume before the run dir was touched)
-        runner.recorder = ScheduleRecorder(files.run_dir / SCHEDULE_FILE, num_actors=config.num_actors,
-                                           item_steps=config.batch_size, max_policy_lag=config.policy_lag_bound,
-                                           start_version=runner.start_version, config=config.to_dict())
-        runner.buffer.drop_log = []
 
     def make_row(pending: list, snap: dict, last: dict, window: host_loop.RateWindow, version: int) -> host_loop.AsyncRow:
         # learner groups' metrics live on different devices: stack them on the host, in (group,
@@ -193,12 +179,8 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
                                   jax.device_get(saved) if wired.multi else saved, version * config.global_batch_size,
                                   meta)
 
-    try:
-        stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
-                                      total=config.num_updates, make_row=make_row, close=wired.close)
-    finally:
-        if runner.recorder is not None:
-            runner.recorder.close()
+    stopped = host_loop.run_async(runner, files, emit, callback, every=config.updates_per_chunk,
+                                  total=config.num_updates, make_row=make_row, close=wired.close)  # closes the recorder too
     # the threads have stopped; actor 0 as the final learner version consumed it (host actors that
     # normalise: the run's statistics as published with that version, as its checkpoint holds them)
     actor = (wired.consumed_actor_states[0] if wired.host_norm is None else

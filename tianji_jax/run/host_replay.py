@@ -162,19 +162,6 @@ def run_async_replay(config: Any, files: RunFiles, emit: Callable[..., bool],
     runner = runtime.runner
     total = config.learning_iterations // config.num_learner_groups * config.num_learner_groups
 
-    def extra() -> dict:
-        timers = runtime.timers.read()
-        snap = {**timers, "state_copy": None, "cut": None, "dropped_partial": runtime.env_steps_discarded,
-                "lost_chunks": runtime.lost_chunks}
-        group, block = runner.publishing_group, runner.start_version + runner.published
-        if group is not None and (block % every == 0 or block == total):  # a row is due at this block
-            # in the publishing learner thread, before its next insert donates the replay: a
-            # device copy of (learner, replay) of exactly this block and the actors' half of the cut
-            snap["state_copy"], snap["cut"] = runtime.row_state(group)
-        return snap
-
-    runner.extra_snapshot = extra
-
     def make_row(pending: list, snap: dict, last: dict, window: host_loop.RateWindow, version: int) -> host_loop.AsyncRow:
         m = {k: np.asarray([p[k] for _, p, _ in pending]) for k in pending[0][1]}
         inserted, sampled = snap["inserted"], snap["sampled"]

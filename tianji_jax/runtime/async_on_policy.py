@@ -12,6 +12,7 @@ learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 from functools import partial
@@ -26,14 +27,14 @@ from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
 from tianji_jax.runtime import data_parallel
-from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers
+from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers, RunnerHooks
 from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime.host_actor import HostActor, host_policy, params_to_actor
 from tianji_jax.runtime.host_normalize import SharedStatistics
 from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
 from tianji_jax.runtime.param_store import ParamStore
 from tianji_jax.runtime.scheduled import ScheduledRunner
-from tianji_jax.buffers.schedule_file import load_schedule
+from tianji_jax.buffers.schedule_file import ScheduleRecorder, load_schedule
 
 __all__ = ["AsyncOnPolicy", "placement", "resume_seed"]
 
@@ -111,12 +112,16 @@ class AsyncOnPolicy:
     checkpoint (identical on every process), its own actors and counters (its part of the cut),
     host envs re-seeded per process.
 
+    ``record_to`` (with ``config.record_schedule``): the file the run's schedule is recorded in
+    (a :class:`~tianji_jax.buffers.schedule_file.ScheduleRecorder`, closed by :meth:`close`).
+
     Raises:
         ValueError: ``restore`` for a run with learner groups (not supported yet), or actor
             states that do not match ``num_actors``.
 
     Attributes:
-        runner: the :class:`AsyncRunner`.
+        runner: the :class:`AsyncRunner`, built with its hooks (:class:`RunnerHooks`: the row
+            snapshot, the schedule recorder, the ``auto`` balancer, multi-host lockstep).
         learner_states: per learner group, its newest :class:`LearnerState` (one entry without
             groups); :attr:`learner_state` is group 0's.
         averager: the :class:`ParamAverager` of the learner groups (None without groups).
@@ -135,7 +140,8 @@ class AsyncOnPolicy:
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
     """
 
-    def __init__(self, config: OnPolicyConfig, store: ParamStore | None = None, restore: dict | None = None):
+    def __init__(self, config: OnPolicyConfig, store: ParamStore | None = None, restore: dict | None = None,
+                 record_to: Path | None = None):
         from tianji_jax.runtime.anakin import compile_key, jitted_inits, make_agent
 
         self.config = config
@@ -194,7 +200,9 @@ class AsyncOnPolicy:
         actor_keys = [k_actor] + [jax.random.fold_in(k_actor, i) for i in range(1, config.num_actors)]
         self.host_actors: list[HostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
-        self.watchdog = None
+        self.watchdog = (dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30) if self.multi
+                         else None)  # lockstep collectives: global telemetry, agreed stops, a watchdog on every update
+        self.recorder = None  # record_schedule's ScheduleRecorder, made with the runner
         self.host_norm = None
         if config.host_stepped:
             self._actor_states = [None] * config.num_actors
@@ -230,6 +238,16 @@ class AsyncOnPolicy:
             self._actor_states = [jax.device_put(st, self.actor_device) for st in states]
             self._obs_rms = self._actor_states[0].obs_rms
             actors = [self._make_actor(i) for i in range(config.num_actors)]
+        start = int(self.local_learner_state.version)
+        self.recorder = (ScheduleRecorder(record_to, num_actors=config.num_actors, item_steps=config.batch_size,
+                                          max_policy_lag=config.policy_lag_bound, start_version=start,
+                                          config=config.to_dict())
+                         if config.record_schedule and record_to is not None else None)
+        hooks = RunnerHooks(
+            extra_snapshot=self.row_snapshot, recorder=self.recorder,
+            balancer=(AutoBalancer(config.policy_lag_bound, num_actors=config.num_actors // groups)
+                      if config.schedule == "auto" and config.replay_schedule is None else None),
+            lockstep=dist.Lockstep(self.mesh, self.learner_devices, self.watchdog) if self.multi else None)
         try:
             runner = dict(actors=actors, learn=self._learn_item,
                           initial_params=self._published(self.local_learner_state.params),
@@ -237,14 +255,11 @@ class AsyncOnPolicy:
                           schedule="relaxed" if config.schedule == "auto" else config.schedule,
                           max_policy_lag=config.policy_lag_bound,
                           queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
-                          initial_version=int(self.local_learner_state.version), num_groups=groups)
+                          initial_version=start, num_groups=groups, hooks=hooks)
             if config.replay_schedule is not None:  # actors act the recorded versions (runtime/scheduled.py)
                 self.runner = ScheduledRunner(replay=load_schedule(config.replay_schedule), **runner)
-            else:
+            else:  # under 'auto': relaxed, its admission window tuned online by the balancer
                 self.runner = AsyncRunner(**runner)
-                if config.schedule == "auto":  # relaxed, its admission window tuned online
-                    self.runner.balancer = AutoBalancer(config.policy_lag_bound, num_actors=config.num_actors // groups)
-                    self.runner.balancer.start(self.runner.buffers)
         except BaseException:
             self.close()
             raise
@@ -255,9 +270,6 @@ class AsyncOnPolicy:
         self.consumed_actor_states: list = list(self._actor_states)
         if restore is not None:
             self.runner.buffer.restore_counters(counters)
-        if self.multi:  # lockstep collectives: global telemetry, agreed stops and a watchdog on every update
-            self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
-            dist.make_lockstep(self.runner, self.mesh, self.learner_devices, self.watchdog)
 
     @property
     def obs_rms(self) -> Any:
@@ -324,6 +336,18 @@ class AsyncOnPolicy:
             self.remote.close()
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def row_snapshot(self) -> dict:
+        """What a metrics row needs beyond the runner's counters, taken with them in the learner
+        thread right after a publication (the runner's ``extra_snapshot`` hook): the per-phase
+        timers, the checkpoint cut of that version (:meth:`cut`; the learner thread takes the
+        snapshot right after publishing, the caller handles the event later, when the learner and
+        the actors may be ahead), ``dropped_partial``, ``lost_chunks`` and the learner states."""
+        cut = self.cut()
+        return {**self.timers.read(), "dropped_partial": cut["counters"]["dropped_partial"],
+                "lost_chunks": self.lost_chunks, "learner_states": list(self.learner_states), "cut": cut}
 
     @property
     def lost_chunks(self) -> int:
@@ -340,7 +364,7 @@ class AsyncOnPolicy:
 
     def cut(self) -> dict:
         """The actor half and the counters of a checkpoint cut; call it in the learner thread right
-        after a publication (``AsyncRunner.extra_snapshot``), so that it belongs to the learner
+        after a publication (the runner's ``extra_snapshot`` hook, :meth:`row_snapshot`), so that it belongs to the learner
         state of that version: ``{"actors": consumed_actor_states (copy), "counters": the queue's
         :meth:`~tianji_jax.buffers.queues.TrajectoryQueue.cut_counters` plus "dropped_partial"}``.
 

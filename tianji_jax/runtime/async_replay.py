@@ -26,7 +26,7 @@ from tianji_jax.caches import register
 from tianji_jax.buffers.queues import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import _distributed, placement, resume_seed
-from tianji_jax.runtime.async_runtime import PhaseTimers
+from tianji_jax.runtime.async_runtime import RunnerHooks, PhaseTimers
 from tianji_jax.runtime.auto_schedule import AutoBalancer
 from tianji_jax.runtime import replay_sharded
 from tianji_jax.runtime.replay_runner import ReplayRunner
@@ -187,6 +187,8 @@ class AsyncReplay:
         self._next_seq = [0] * config.num_actors  # frame replay: the chunk number expected from each actor
         self.host_actors: list[ReplayHostActor] = []
         self.remote = None  # RemoteActors (actor_backend='ray')
+        self.watchdog = (dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30) if self.multi
+                         else None)  # lockstep collectives: global telemetry, agreed stops, a watchdog on every block
         if on_host:
             self.timers = PhaseTimers("rollout_s", "h2d_s", "update_s", "inference_s", "env_step_s")
             self._actor_states = [None] * config.num_actors
@@ -225,11 +227,13 @@ class AsyncReplay:
             max_policy_lag=0 if config.schedule == "sync" else config.max_policy_lag,
             stall_timeout_s=config.stall_timeout_s, initial_version=int(self.learner_state.version),
             schedule="relaxed" if config.schedule == "auto" else config.schedule, num_groups=groups,
-            band_factor=config.replay_ratio_tolerance, total_inserts=config.env_steps // groups // procs)
-        if config.schedule == "auto":  # relaxed, its samples-per-insert band tuned online
-            self.runner.balancer = AutoBalancer(max(1, config.max_policy_lag), config.replay_ratio_tolerance,
-                                                num_actors=config.num_actors // groups)
-            self.runner.balancer.start(self.runner.buffers)
+            band_factor=config.replay_ratio_tolerance, total_inserts=config.env_steps // groups // procs,
+            hooks=RunnerHooks(
+                extra_snapshot=self.row_snapshot,
+                balancer=(AutoBalancer(max(1, config.max_policy_lag), config.replay_ratio_tolerance,  # under 'auto':
+                                       num_actors=config.num_actors // groups)  # relaxed, its SPI band tuned online
+                          if config.schedule == "auto" else None),
+                lockstep=dist.Lockstep(global_mesh, self.learner_devices, self.watchdog) if self.multi else None))
         self.averager = (ParamAverager(groups, self.group_devices, config.stall_timeout_s, self.runner.stop)
                          if groups > 1 else None)
         if self.remote is not None:
@@ -237,10 +241,6 @@ class AsyncReplay:
         if restore is not None:
             self.runner.buffer.restore_counters(restore["counters"])
             self.epsilon = float(restore["counters"]["epsilon"])
-        self.watchdog = None
-        if self.multi:  # lockstep collectives: global telemetry, agreed stops and a watchdog on every learner block
-            self.watchdog = dist.Watchdog(config.heartbeat_timeout_s + config.stall_timeout_s + 30)
-            dist.make_lockstep(self.runner, global_mesh, self.learner_devices, self.watchdog)
 
     @property
     def local_learner_state(self) -> ReplayLearnerState:
@@ -252,7 +252,7 @@ class AsyncReplay:
 
     def row_state(self, group: int) -> tuple[tuple[Any, Any], dict]:
         """``((learner, replay copy), cut)`` of learner group ``group`` right now: call it in that
-        group's learner thread right after a block (``ReplayRunner.extra_snapshot``), before the
+        group's learner thread right after a block (the runner's ``extra_snapshot`` hook, :meth:`row_snapshot`), before the
         next insert donates its replay. The learner state is not donated, so it is shared, not
         copied; the replay is copied on its device."""
         replay = jax.block_until_ready(jax.tree.map(jnp.copy, self.replay_states[group]))
@@ -310,6 +310,24 @@ class AsyncReplay:
             self.remote.close()
         if getattr(self, "watchdog", None) is not None:
             self.watchdog.close()
+
+    def row_snapshot(self) -> dict:
+        """What a metrics row needs beyond the runner's counters (the runner's ``extra_snapshot``
+        hook, run in the publishing learner thread right after a block): the per-phase timers,
+        ``dropped_partial``, ``lost_chunks``, the publishing ``group`` and every group's learner
+        state (``learner_states``), and when a row is due at this block (every
+        ``iterations_per_chunk`` blocks, and the last) ``state_copy`` and ``cut``: a device copy of
+        (learner, replay) of exactly this block, taken before the group's next insert donates the
+        replay, and the actors' half of the checkpoint cut (:meth:`row_state`); None otherwise."""
+        config, runner = self.config, self.runner
+        every = config.iterations_per_chunk
+        total = config.learning_iterations // config.num_learner_groups * config.num_learner_groups
+        group, block = runner.publishing_group, runner.start_version + runner.published
+        snap = {**self.timers.read(), "state_copy": None, "cut": None, "dropped_partial": self.env_steps_discarded,
+                "lost_chunks": self.lost_chunks, "group": group, "learner_states": list(self.learner_states)}
+        if group is not None and (block % every == 0 or block == total):
+            snap["state_copy"], snap["cut"] = self.row_state(group)
+        return snap
 
     @property
     def env_steps_discarded(self) -> int:

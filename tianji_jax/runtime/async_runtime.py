@@ -35,7 +35,7 @@ from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
 from tianji_jax.buffers.rate_limiter import RateLimiter
 from tianji_jax.runtime.param_store import ParamStore
 
-__all__ = ["PhaseTimers", "AsyncRunner", "StallError", "PeerStoppedError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
+__all__ = ["PhaseTimers", "AsyncRunner", "RunnerHooks", "StallError", "PeerStoppedError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
 
 SCHEDULES = ("sync", "one_step", "relaxed")
 
@@ -138,6 +138,31 @@ class PeerStoppedError(RuntimeError):
     interrupted, or it stopped early); every process's learners stopped after the same update."""
 
 
+@dataclass(frozen=True)
+class RunnerHooks:
+    """What a runner calls besides its actors and learners, all given when the runner is built
+    (none is assigned to it afterwards). Every field is optional.
+
+    Attributes:
+        extra_snapshot: ``() -> dict``: more counters merged into every telemetry snapshot
+            (:meth:`AsyncRunner.take_snapshot`), called in the learner thread that takes it, right
+            after a publication (the wiring's per-phase timers and its half of a checkpoint cut).
+        recorder: a :class:`~tianji_jax.buffers.schedule_file.ScheduleRecorder` (one learner
+            group): every update's consumed rollout and the rollouts the gate dropped before it.
+        balancer: an :class:`~tianji_jax.runtime.auto_schedule.AutoBalancer`, the ``auto``
+            schedule's controller: started on the runner's buffers when the run starts, called
+            after every update.
+        lockstep: ``(runner, local) -> snapshot`` (multi-host,
+            :class:`~tianji_jax.runtime.distributed.Lockstep`): turns the local snapshot function
+            into the global one every process's learners agree on, stops included.
+    """
+
+    extra_snapshot: Callable[[], dict] | None = None
+    recorder: Any = None
+    balancer: Any = None
+    lockstep: Callable[[Any, Callable[[], dict]], dict] | None = None
+
+
 class AsyncRunner:
     """Runs actors and a learner concurrently until ``num_updates`` updates are done.
 
@@ -173,7 +198,7 @@ class AsyncRunner:
     def __init__(self, *, actors: list[ActFn], learn: LearnFn, initial_params: Any, num_updates: int,
                  item_steps: int, schedule: str = "relaxed", max_policy_lag: int = 1, queue_batches: int = 2,
                  stall_timeout_s: float = 60.0, store: ParamStore | None = None, admission: bool = True,
-                 initial_version: int = 0, num_groups: int = 1):
+                 initial_version: int = 0, num_groups: int = 1, hooks: RunnerHooks = RunnerHooks()):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if not actors:
@@ -194,6 +219,7 @@ class AsyncRunner:
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
         self.num_groups = num_groups
+        self.hooks = hooks
         self.buffers = [TrajectoryQueue(RateLimiter(spi=1.0, min_size=item_steps, min_diff=0,
                                                     max_diff=queue_batches * item_steps, batch_items=item_steps,
                                                     chunk_items=item_steps), max_policy_lag)
@@ -211,18 +237,15 @@ class AsyncRunner:
         self.schedule, self.stall_timeout_s = schedule, float(stall_timeout_s)
         self.admission = bool(admission)
         self.stop = threading.Event()
-        # multi-host (lockstep learners, distributed.make_lockstep): the caller's wish to stop, which
+        # multi-host (lockstep learners, distributed.Lockstep): the caller's wish to stop, which
         # every process's learners agree on at the same update before they stop
-        self.lockstep = False
+        self.lockstep = hooks.lockstep is not None
         self.stop_request = threading.Event()
         self.stopped_by_peer: int | None = None  # the update after which another process stopped the run
         self.events: queue.Queue = queue.Queue()
         self.telemetry = Telemetry()
         self.actor_logs: list[list[int]] = [[] for _ in actors]  # versions each actor acted with
         self.last_consumed_version = -1
-        self.extra_snapshot: Callable[[], dict] | None = None  # more counters for take_snapshot
-        self.recorder: Any = None  # a schedule_file.ScheduleRecorder (set before run; one learner group)
-        self.balancer: Any = None  # an auto_schedule.AutoBalancer (set before run)
         self.snapshot: dict[str, Any] = {}  # the snapshot of the event being handled by on_update
         self._threads: list[threading.Thread] = []
 
@@ -347,16 +370,16 @@ class AsyncRunner:
                 continue
             last_fresh, fed = time.monotonic(), True
             self.last_consumed_version = item.version
-            if self.recorder is not None:  # record_schedule: what this update consumes, what was dropped
-                self.recorder.record(version, item, buffer.drop_log or [])
+            if self.hooks.recorder is not None:  # record_schedule: what this update consumes, what was dropped
+                self.hooks.recorder.record(version, item, buffer.drop_log or [])
                 buffer.drop_log = []
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(item, version)
             self.updates_done[group] += 1
             version += 1
             store.publish(params, version)
-            if self.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
-                self.balancer.after_update(group, buffer, self.telemetry)
+            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+                self.hooks.balancer.after_update(group, buffer, self.telemetry)
             self.events.put(("update", version, metrics, item, self.take_snapshot(), group))
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
 
@@ -369,13 +392,20 @@ class AsyncRunner:
             raise StallError(f"{what} for {limit:g} s; {state}")
 
     def take_snapshot(self) -> dict[str, Any]:
+        """:meth:`local_snapshot`, or, multi-host, the sum of every process's
+        (``hooks.lockstep``: a collective, taken in lockstep after each update)."""
+        if self.hooks.lockstep is not None:
+            return self.hooks.lockstep(self, self.local_snapshot)
+        return self.local_snapshot()
+
+    def local_snapshot(self) -> dict[str, Any]:
         """Counters at this moment, taken in the learner thread right after a publication, so
         that a metrics row's rates use counts and a time that belong together (the caller's
         thread may handle the event later): ``time`` (perf_counter seconds), the buffer's
         ``produced`` / ``consumed`` / ``inserted`` / ``dropped_stale`` / ``depth``, the limiter's
         ``sampled`` / ``limiter_inserted`` / ``limiter_error``, the telemetry's wait and busy
         seconds, group 0's knobs (``lag_window`` / ``queue_limit`` or ``spi_band``), plus whatever
-        ``extra_snapshot()`` returns (per-phase timers). With learner groups the counts are sums
+        ``hooks.extra_snapshot()`` returns (per-phase timers). With learner groups the counts are sums
         over the groups' queues."""
         now = time.perf_counter()
         waits = self.telemetry.read(now)  # the same instant as the row's time: fractions stay <= 1
@@ -387,8 +417,8 @@ class AsyncRunner:
                 "sampled": sum(b.limiter.sampled for b in bufs),
                 "limiter_inserted": sum(b.limiter.inserted for b in bufs),
                 "limiter_error": sum(b.limiter.error for b in bufs), **bufs[0].knobs(), **waits}
-        if self.extra_snapshot is not None:
-            snap.update(self.extra_snapshot())
+        if self.hooks.extra_snapshot is not None:
+            snap.update(self.hooks.extra_snapshot())
         return snap
 
     # -- caller ------------------------------------------------------------------------------------
@@ -401,7 +431,7 @@ class AsyncRunner:
         Multi-host (:attr:`lockstep`): when the caller stops (``on_update`` returned True or
         raised) the learners do not stop at once, which would leave the other processes waiting in
         the next collective; the request rides on the next update's global telemetry sum, and every
-        process's learner stops after that same update (:func:`~tianji_jax.runtime.distributed.make_lockstep`;
+        process's learner stops after that same update (:class:`~tianji_jax.runtime.distributed.Lockstep`;
         waited for up to ``stall_timeout_s`` + 30 s, then the threads are stopped anyway).
 
         Raises:
@@ -417,6 +447,10 @@ class AsyncRunner:
                       [lambda g=g: self._learner_loop(g) for g in groups]))
         self._threads = [threading.Thread(target=self._guard(n, t), name=f"tianji-{n}", daemon=True)
                          for n, t in zip(names, targets)]
+        if self.hooks.balancer is not None:  # its first knob values, on the buffers (a subclass's own kind)
+            self.hooks.balancer.start(self.buffers)
+        if self.hooks.recorder is not None:
+            self.buffer.drop_log = []  # the queue logs what its gate drops, for the recorder
         for t in self._threads:
             t.start()
         latest = [self.start_version] * self.num_groups  # each group's newest published version
@@ -475,7 +509,7 @@ class AsyncRunner:
 
     def stop_agreed(self, by_peer: bool) -> None:
         """Multi-host: the processes agreed to stop after the update just published (called by the
-        learner thread from :func:`~tianji_jax.runtime.distributed.make_lockstep`); ``by_peer``:
+        learner thread from :class:`~tianji_jax.runtime.distributed.Lockstep`); ``by_peer``:
         this process did not ask, so :meth:`run` raises :class:`PeerStoppedError`."""
         if by_peer:
             self.stopped_by_peer = self.start_version + sum(self.updates_done)

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from tianji_jax.algos.config_checks import check_coordinator, loopback_ip  # re-
 from tianji_jax.runtime.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
-           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_process_gather", "make_lockstep", "Watchdog", "supervise",
+           "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_process_gather", "Lockstep", "Watchdog", "supervise",
            "kv_set", "kv_get", "kv_delete", "leave_job", "CHILD_ENV", "EXIT_PEER_DEAD"]
 
 CHILD_ENV = "TIANJI_DISTRIBUTED_CHILD"
@@ -283,32 +283,39 @@ def params_digest(tree: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def make_lockstep(runner: Any, mesh: Any, local_devices: list, watchdog: "Watchdog") -> None:
-    """Make ``runner``'s (an :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) telemetry
-    global and its stops agreed: every snapshot its learner takes after an update is summed over
-    the processes (:func:`make_counter_sum`, inside a ``watchdog`` section like the update itself),
-    together with the number of processes whose caller asked to stop (``runner.stop_request``).
-    When that number is > 0, every process's learner sets ``runner.stop`` after this same update,
-    so none is left waiting in a collective the others never enter; a process that did not ask
-    records the update in ``runner.stopped_by_peer`` (its ``run`` raises
-    :class:`~tianji_jax.runtime.async_runtime.PeerStoppedError`). A collective: snapshots are
-    taken in lockstep (after each update, at the start and at the end of the run)."""
-    local, total = runner.take_snapshot, make_counter_sum(mesh, local_devices)
-    first = [True]  # the run's first sum (before the threads start) waits for the slowest process's set-up
+class Lockstep:
+    """A runner's (an :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`'s) telemetry made
+    global and its stops agreed, as its ``hooks.lockstep``: every snapshot its learner takes after
+    an update is summed over the processes (:func:`make_counter_sum`, inside a ``watchdog``
+    section like the update itself), together with the number of processes whose caller asked to
+    stop (``runner.stop_request``). When that number is > 0, every process's learner sets
+    ``runner.stop`` after this same update, so none is left waiting in a collective the others
+    never enter; a process that did not ask records the update in ``runner.stopped_by_peer`` (its
+    ``run`` raises :class:`~tianji_jax.runtime.async_runtime.PeerStoppedError`). A collective:
+    snapshots are taken in lockstep (after each update, at the start and at the end of the run).
 
-    def snapshot() -> dict:
-        if runner.stop.is_set():  # stopping (agreed, or a local thread failed): no more collectives
+    Args:
+        mesh: the global mesh of the learner devices.
+        local_devices: this process's learner devices.
+        watchdog: the :class:`Watchdog` that times every collective.
+    """
+
+    def __init__(self, mesh: Any, local_devices: list, watchdog: "Watchdog"):
+        self.total, self.watchdog = make_counter_sum(mesh, local_devices), watchdog
+        self.first = True  # the run's first sum (before the threads start) waits for the slowest process's set-up
+
+    def __call__(self, runner: Any, local: Callable[[], dict]) -> dict:
+        """The global snapshot of ``runner`` from its ``local`` snapshot function; the local one
+        alone once the runner is stopping (an agreed stop, or a local thread failed)."""
+        if runner.stop.is_set():
             return local()
         asked = runner.stop_request.is_set()
-        with watchdog.section("telemetry sum", extra_s=300.0 if first[0] else 0.0):
-            snap = total({**local(), "stop_requests": int(asked)})
-        first[0] = False
+        with self.watchdog.section("telemetry sum", extra_s=300.0 if self.first else 0.0):
+            snap = self.total({**local(), "stop_requests": int(asked)})
+        self.first = False
         if snap.pop("stop_requests") > 0:
             runner.stop_agreed(by_peer=not asked)
         return snap
-
-    runner.take_snapshot = snapshot
-    runner.lockstep = True
 
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from tianji_jax.buffers.queues import ReplayIngress, TrajectoryItem
 from tianji_jax.buffers.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks, StallError
 
 __all__ = ["ReplayRunner"]
 
@@ -36,7 +36,7 @@ class ReplayRunner(AsyncRunner):
     Learner groups (``num_groups`` G > 1): G learner threads, each with its own ingress, rate
     limiter, ParamStore (policy version) and, in the caller's ``insert`` / ``learn``, its own
     replay; actor ``i`` feeds group ``i % G`` (as :class:`AsyncRunner`). ``num_updates`` and
-    ``min_size`` are per group. ``extra_snapshot`` runs in the publishing group's thread with
+    ``min_size`` are per group. ``hooks.extra_snapshot`` runs in the publishing group's thread with
     :attr:`publishing_group` set and :attr:`published` counting blocks in event order.
 
     Args:
@@ -70,13 +70,13 @@ class ReplayRunner(AsyncRunner):
                  initial_params: Any, num_updates: int, chunk_steps: int, spi: float, block_samples: int,
                  min_size: int, max_policy_lag: int, stall_timeout_s: float = 60.0, initial_version: int = 0,
                  schedule: str = "relaxed", num_groups: int = 1, band_factor: float = 1.0,
-                 total_inserts: int | None = None):
+                 total_inserts: int | None = None, hooks: RunnerHooks = RunnerHooks()):
         if schedule not in ("sync", "relaxed"):
             raise ValueError(f"schedule must be one of ('sync', 'relaxed') for replay, got {schedule!r}")
         super().__init__(actors=actors, learn=learn, initial_params=initial_params, num_updates=num_updates,
                          item_steps=chunk_steps, schedule=schedule, max_policy_lag=max_policy_lag,
                          queue_batches=2, stall_timeout_s=stall_timeout_s, initial_version=initial_version,
-                         num_groups=num_groups)
+                         num_groups=num_groups, hooks=hooks)
         self.min_size = int(min_size)
         self.total_inserts = total_inserts
         self._processed = [0] * num_groups  # sync: chunks each group's learner has inserted (and learned after)
@@ -127,7 +127,7 @@ class ReplayRunner(AsyncRunner):
     def _publish(self, group: int, version: int, params: Any, metrics: Any) -> None:
         """Publish ``group``'s params as ``version`` and queue its update event. The snapshot and
         the event are made under one lock, so :attr:`published` (blocks of all groups, counted in
-        event order) and :attr:`publishing_group` are exact inside ``extra_snapshot``."""
+        event order) and :attr:`publishing_group` are exact inside ``hooks.extra_snapshot``."""
         self.updates_done[group] += 1
         self.stores[group].publish(params, version)
         with self._publish_lock:
@@ -190,7 +190,7 @@ class ReplayRunner(AsyncRunner):
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(group, version)
             version += 1
-            if self.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
-                self.balancer.after_update(group, buffer, self.telemetry)
+            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+                self.hooks.balancer.after_update(group, buffer, self.telemetry)
             self._publish(group, version, params, metrics)
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
