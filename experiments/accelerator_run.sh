@@ -25,7 +25,7 @@ echo "cpu run exit $?" >> "$OUT/cpu.log"
 # The numerics guarantees on the accelerator: sweep members equal single runs and repeat
 # bit for bit, Anakin resume is exact, async `sync` equals Anakin.
 timeout 100 python3 -m pytest -q -n 4 --dist loadfile -p no:cacheprovider --timeout 90 -rfE \
-    tests/test_sweep.py tests/test_anakin.py tests/test_dqn_anakin.py tests/test_async_runtime.py \
+    tests/run/test_sweep.py tests/runtime/test_anakin.py tests/runtime/test_dqn_anakin.py tests/runtime/test_async_runtime.py \
     > "$OUT/tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/tests.log"
 tail -n 40 "$OUT"/accelerator_*.csv

@@ -19,7 +19,7 @@ with each schedule (and in Anakin mode with SB3's tuned CartPole PPO hyper-param
 tianji_jax DQN in Anakin mode and on the async runtime with the ``sync``
 (CartPole only) and ``relaxed`` schedules, tianji_jax PQN in Anakin mode (with its defaults, and on
 CartPole with rejax's tuned PQN hyper-parameters, ``rejax-hp``), tianji_jax C51 and QR-DQN in Anakin
-mode on CartPole with the settings of ``tests/test_dqn_distributional.py`` and plain DQN with the same
+mode on CartPole with the settings of ``tests/learning/test_dqn_distributional.py`` and plain DQN with the same
 settings (``dist-plain``), tianji_jax SAC in Anakin mode on Pendulum; Stable-Baselines3, RLlib and rejax
 PPO and DQN, rejax PQN and rejax SAC (Pendulum), each with the hyper-parameters its authors tuned (see the runner
 scripts in ``experiments/peers/``), each installed on demand into its own virtual environment
@@ -134,7 +134,7 @@ TIANJI = [System(f"tianji_jax PPO {m}", "ppo", "tianji_runner.py", mode=m)
           System("tianji_jax PQN anakin", "pqn", "tianji_runner.py", mode="anakin"),
           System("tianji_jax PQN anakin rejax-hp", "pqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
                  hp="rejax"),
-          # distributional DQN (C51, QR-DQN) with tests/test_dqn_distributional.py's settings, and plain DQN with
+          # distributional DQN (C51, QR-DQN) with tests/learning/test_dqn_distributional.py's settings, and plain DQN with
           # the same settings (``dist-plain``): the distributional heads against the expected-value one
           System("tianji_jax DQN anakin dist-plain", "dqn", "tianji_runner.py", mode="anakin", envs=("CartPole-v1",),
                  hp="dist-plain"),
@@ -520,7 +520,7 @@ def make_summary(args, rows: list[Row], systems: list[System], results: list[dic
              "rejax-hp`: the Anakin runtime with those rejax hyper-parameters (runtime against runtime). Each "
              "system keeps its own tuned budget (column *budget*). Distributional DQN (CartPole-v1, Anakin): "
              "`tianji_jax C51 anakin` (`distributional='c51'`, 51 atoms on [0, 100]) and `tianji_jax QR-DQN anakin` "
-             "(`distributional='qr'`, 51 quantiles) with the settings of `tests/test_dqn_distributional.py` "
+             "(`distributional='qr'`, 51 quantiles) with the settings of `tests/learning/test_dqn_distributional.py` "
              "(`tests/dqn_settings.py` `CARTPOLE_FAST`: 10 envs x 8 steps, replay ratio 0.25, batch 64, lr 1e-3, "
              "MLP 256-256, Polyak tau 0.005, Double DQN, 3-step targets, buffer 10k, learning from 10k env steps, "
              "epsilon 1 -> 0.02 over 18,750 env steps) and a budget of 80k env steps (the test's is 150k, stopped at "
@@ -822,7 +822,7 @@ def distributional_lines(rows: list[Row], results: list[dict[str, Any]]) -> list
             text.append(f"Gradient updates per second {never(o['grad_updates_per_s_median'], '{:,.0f}')} against "
                         f"{never(plain['grad_updates_per_s_median'], '{:,.0f}')}.")
         out += [f"## Distributional DQN against plain DQN ({row.name})", "",
-                "C51 and QR-DQN against plain DQN with the same settings (`tests/test_dqn_distributional.py`'s; "
+                "C51 and QR-DQN against plain DQN with the same settings (`tests/learning/test_dqn_distributional.py`'s; "
                 "the columns as in the SAC section). Medians [min..max] over seeds. Wall seconds depend on the "
                 "load of the shared machine (last column): compare them between systems measured at similar loads, "
                 "as these three were (interleaved per seed), not with rows measured at another load.", "",

@@ -14,7 +14,7 @@ Burn-in under relaxed hand-offs (masked CartPole only): the LSTM run again on th
 whose state is the stalest out of the loss change the env steps or wall seconds to the threshold?
 
 Every other run is Anakin PPO with the same hyper-parameters per task (``SETTINGS``: masked CartPole's
-are those of ``tests/test_recurrent.py``'s acceptance test) and stops at the first evaluation
+are those of ``tests/learning/test_recurrent.py``'s acceptance test) and stops at the first evaluation
 (20 deterministic episodes) whose mean reaches the task's threshold, or at the budget. Per run:
 env steps and wall seconds (from the start of ``tj.train``, compilation or its load from the
 persistent compilation cache included) to the threshold, best evaluation, and the training throughput over the rows after the first (env steps

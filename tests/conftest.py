@@ -109,7 +109,7 @@ def pytest_runtest_logreport(report):
 def pytest_collection_modifyitems(config, items):
     """Ray's driver runtime stays in a process after ``ray.shutdown()`` and was seen to segfault
     later, unrelated tests in CI; the Ray tests therefore run only in a child pytest process
-    (``tests/test_ray_isolated.py`` sets ``TIANJI_RAY_CHILD=1``)."""
+    (``tests/runtime/test_ray_isolated.py`` sets ``TIANJI_RAY_CHILD=1``)."""
     import os
 
     if os.environ.get("TIANJI_RAY_CHILD") != "1":

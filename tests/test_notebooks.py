@@ -127,7 +127,7 @@ def test_custom_torso(tmp_path, monkeypatch):
 
 @pytest.mark.skip(reason="in full CI runs the sweep notebook's kernel stalls (seen twice: past 240 s, and again with "
                          "the kernel near idle while pytest's process stays busy); 25-60 s alone, also at load ~10. "
-                         "Skipped so the suite lands; tests/test_sweep.py covers tj.sweep")
+                         "Skipped so the suite lands; tests/run/test_sweep.py covers tj.sweep")
 def test_sweep(tmp_path, monkeypatch):
     s, images = _execute("sweep.ipynb", tmp_path, monkeypatch)
     assert images >= 1

@@ -35,7 +35,7 @@ defaults with ``num_steps=8`` (the default since it was measured faster; each it
 async actor chunk, is 8 steps of the 10 envs; the replay ratio 0.1 then gives 8 gradient updates
 per iteration) or ``num_steps=1`` (the earlier default: one update per iteration).
 Distributional DQN on CartPole-v1 (spec ``hp`` ``"c51"`` / ``"qr"`` / ``"dist-plain"``, Anakin): the
-settings of ``tests/test_dqn_distributional.py`` (``tests/dqn_settings.py``'s ``CARTPOLE_FAST``, copied
+settings of ``tests/learning/test_dqn_distributional.py`` (``tests/dqn_settings.py``'s ``CARTPOLE_FAST``, copied
 below as data: 10 envs x 8 steps, replay ratio 0.25, batch 64, lr 1e-3, MLP 256-256, Polyak tau 0.005,
 Double DQN, 3-step targets, buffer 10k, learning from 10k env steps, epsilon 1 -> 0.02 over 18,750 env
 steps), with a budget of 80k env steps instead of the test's 150k (the epsilon decay fraction is
@@ -163,7 +163,7 @@ def make_config():
             P.unsupported(f"the convergence experiment runs SAC in Anakin mode on Pendulum-v1 only, not {mode!r} "
                           f"on {env}")
         return tj.SACConfig(env=env_id, runtime="anakin", **common)
-    if algo == "dqn" and spec.get("hp") in DIST_KIND:  # tests/test_dqn_distributional.py's settings
+    if algo == "dqn" and spec.get("hp") in DIST_KIND:  # tests/learning/test_dqn_distributional.py's settings
         if env != "CartPole-v1" or mode != "anakin":
             P.unsupported("the distributional DQN variants are defined for CartPole-v1 in Anakin mode only")
         return tj.DQNConfig(env=env_id, runtime="anakin", **{**DIST_HP, **DIST_KIND[spec["hp"]], **common})

@@ -19,7 +19,7 @@ touched leaf from its two children, bottom-up (it never adds a delta to a stored
 internal node is therefore always ``fl(left + right)`` of its current children, i.e. bit for bit
 the tree a full rebuild from the leaves would give, whatever the history of updates: there is no
 drift. The total is a pairwise float32 sum of the leaves, within ``D * 2^-24`` relative of the
-exact sum (about ``1.2e-6`` for ``C = 10^6``); ``tests/test_replay.py`` checks both facts after
+exact sum (about ``1.2e-6`` for ``C = 10^6``); ``tests/buffers/test_replay.py`` checks both facts after
 ``10^6`` updates.
 
 Costs: :func:`update` of ``B`` leaves is ``O(B log B)`` (making duplicate indices deterministic)

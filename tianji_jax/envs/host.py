@@ -27,7 +27,7 @@ Auto-reset ("next step" convention, shared by both backends)
     ``info["elapsed_step"]``, see below).
 
 Verified empirically (envpool 1.2.5, gymnasium 1.3.0; the checks are repeated in
-``tests/test_host_envs.py``):
+``tests/envs/test_host_envs.py``):
 
     * envpool CartPole-v1 (gymnasium API, ``max_episode_steps=20``): a balanced pole gives
       ``truncated=True, terminated=False`` with ``info["elapsed_step"] == 20``; the next step gives

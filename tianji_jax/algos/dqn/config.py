@@ -31,7 +31,7 @@ class DQNConfig(ReplayConfig):
     per iteration, then a block of 8 updates), lr 2.5e-4,
     epsilon 1 -> 0.05 over half the run, MLP 120-84 relu, squared TD loss), plus Double DQN and
     3-step targets, with which the default job reaches an evaluation return of 475 within 500k env
-    steps (``tests/test_dqn_learning.py``; measured on seeds 0-3: 200k-250k env steps, against
+    steps (``tests/learning/test_dqn_learning.py``; measured on seeds 0-3: 200k-250k env steps, against
     300k-400k for CleanRL's one-step DQN). The Huber loss (``huber_delta=1``, Mnih et al.'s error
     clipping) diverged on CartPole with these settings (Q-values growing past 1e5), so it is opt-in.
 

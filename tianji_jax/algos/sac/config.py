@@ -32,7 +32,7 @@ class SACConfig(ReplayConfig):
     Defaults: Pendulum-v1 (gymnax) settings close to Stable-Baselines3's and CleanRL's SAC (Adam
     3e-4 for the actor, the critics and the temperature, batch 256, tau 0.005, gamma 0.99, MLP
     256-256 relu, one gradient update per env step), with 4 envs and 1000 random warm-up steps;
-    ``tests/test_sac.py`` states the budget in which it solves Pendulum.
+    ``tests/algos/test_sac.py`` states the budget in which it solves Pendulum.
 
     Raises:
         ValueError: as :class:`~tianji_jax.algos.replay_config.ReplayConfig`, an action space that

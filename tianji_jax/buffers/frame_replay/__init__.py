@@ -42,7 +42,7 @@ Input: one call per env step, a batch over envs (rows ``B``, env ids ``env_id``)
 
 Episode boundaries: a stack that would reach back before its episode's first frame repeats that
 first frame, which is what envpool's frame stacking does at reset (checked with envpool 1.2.5
-Pong-v5 in ``tests/test_frame_replay.py``: the reset observation is four copies of the reset
+Pong-v5 in ``tests/buffers/test_frame_replay.py``: the reset observation is four copies of the reset
 frame and each step shifts in one new frame). No frame of an earlier episode ever enters a stack
 -- except where the env itself keeps stacking across a reset (envpool's ``episodic_life``: see
 ``stack_reset`` in :func:`add`); the rebuilt stacks always equal what the env showed the agent.

@@ -8,7 +8,7 @@ The paths, one test (or parametrized case) each:
   statistics, the host statistics and a host actor's normaliser apply it;
 * host actors (the code an actor thread and a Ray actor process run: PPO's and PQN's on-policy host
   actor with host statistics, DQN's replay host actor acting with the learner's), stepping a device
-  env through ``GymnaxHostVecEnv``; Ray actor processes end to end: tests/test_ray_actors.py;
+  env through ``GymnaxHostVecEnv``; Ray actor processes end to end: tests/runtime/test_ray_actors.py;
 * device rollouts (Anakin and the async runtime's device actor threads), replay acting and
   sampling (DQN on Anakin), evaluation (feed-forward, recurrent, and on a host env), and sweeps;
 * a masked suite env given as an object (``env=<SuiteEnv>`` or a Jumanji env object) keeps its mask,
@@ -18,7 +18,7 @@ The env here is :func:`tiny_masked_env`: each step forbids one of 8 actions at r
 entry is 1.0 seven steps in eight; a normalised entry then reads below 0.5 whether it was 1.0 or 0.0,
 every action looks forbidden, the mask helpers allow all of them, and a forbidden action (reward -1,
 the only non-zero reward) comes about one step in eight, sampled or greedy. Budget: a few seconds per case (tiny envs and
-networks; the Ray case is in tests/test_ray_actors.py).
+networks; the Ray case is in tests/runtime/test_ray_actors.py).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def test_ray_cells_of_the_capability_table_run(cluster, env, layout):
 def test_remote_actors_normalise_with_the_runs_merged_statistics(cluster, monkeypatch):
     """Host-env observation normalisation and reward scaling with two Ray actor processes: both
     actors' statistics reach the run's (merged in the driver as their trajectories arrive) and
-    the train state holds them (tests/test_host_normalize.py checks the values with threads).
+    the train state holds them (tests/runtime/test_host_normalize.py checks the values with threads).
     Budget: 6 updates of 2 x 4 x 32 env steps."""
     from tianji_jax.runtime.host_normalize import HostNormStats, SharedStatistics
 
@@ -279,7 +279,7 @@ def test_remote_actors_on_a_masked_suite_env_keep_the_mask_raw(cluster, monkeypa
     """PPO with one Ray actor process on ``jumanji:Maze-v0`` (its action mask: the observation's last 4
     entries) and observation normalisation: every trajectory the driver receives stores the mask raw
     (0.0 / 1.0; the host statistics once normalised it too, and every action looked allowed) and every
-    action is allowed by it (tests/test_action_mask_paths.py covers the other paths). Budget: 2
+    action is allowed by it (tests/algos/test_action_mask_paths.py covers the other paths). Budget: 2
     updates of 4 x 16 env steps; the actor process compiles Maze's step and the policy."""
     pytest.importorskip("jumanji")
     import jax

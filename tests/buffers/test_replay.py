@@ -387,7 +387,7 @@ def test_buffer_filled_exactly_to_capacity_returns_all_items(cap, seed):
     holds, uniformly and prioritised (stratified: each count is within 2 of B P(i), so with
     B P(i) > 2 every item appears). The buffer samples single transitions only (n-step items are
     built by the actor), so there are no sequences that could straddle the write position; the
-    frame store's stacks are tested for that in tests/test_frame_replay.py."""
+    frame store's stacks are tested for that in tests/buffers/test_frame_replay.py."""
     state = _filled(cap, cap)
     assert int(state.size) == cap and int(state.write_pos) == 0
     k_u, k_p = jax.random.split(jax.random.key(seed))

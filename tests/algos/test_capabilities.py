@@ -15,32 +15,32 @@ import tianji_jax as tj
 from tianji_jax.algos import capabilities
 from tianji_jax.algos.capabilities import Cell
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _ENV_ID = {"gymnax": "gymnax:CartPole-v1", "envpool": "envpool:CartPole-v1", "gymnasium": "gymnasium:CartPole-v1"}
 _CONTINUOUS = ("sac",)  # algorithms on Box actions: Pendulum-v1 on every backend
 _LAYOUT = {"single": {}, "data_parallel": {"num_learner_devices": 2, "num_envs": 4},
            "groups": {"num_learner_groups": 2, "num_actors": 2}, "multi_host": {"num_processes": 2, "coordinator": "h:1"}}
 _ELSEWHERE = {  # supported cells that need other processes: the test that runs them
-    ("ppo", "async", "threads", "multi_host", "gymnax"): "tests/test_distributed.py::test_two_process_sync_run_resumes_bit_exactly_from_its_consistent_cut",
-    ("ppo", "async", "threads", "multi_host", "envpool"): "tests/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
-    ("ppo", "async", "threads", "multi_host", "gymnasium"): "tests/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
-    ("ppo", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_two_remote_actors_solve_cartpole",
-    **{("ppo", "async", "ray", layout, env): "tests/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
+    ("ppo", "async", "threads", "multi_host", "gymnax"): "tests/runtime/test_distributed.py::test_two_process_sync_run_resumes_bit_exactly_from_its_consistent_cut",
+    ("ppo", "async", "threads", "multi_host", "envpool"): "tests/runtime/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
+    ("ppo", "async", "threads", "multi_host", "gymnasium"): "tests/runtime/test_distributed.py::test_two_processes_on_host_envs_keep_identical_replicas",
+    ("ppo", "async", "ray", "single", "envpool"): "tests/runtime/test_ray_actors.py::test_two_remote_actors_solve_cartpole",
+    **{("ppo", "async", "ray", layout, env): "tests/runtime/test_ray_actors.py::test_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
                            ("groups", "envpool"), ("groups", "gymnasium"))},
-    **{("pqn", "async", "threads", "multi_host", env): "tests/test_distributed.py::test_two_pqn_processes_keep_identical_replicas"
+    **{("pqn", "async", "threads", "multi_host", env): "tests/runtime/test_distributed.py::test_two_pqn_processes_keep_identical_replicas"
        for env in ("gymnax", "envpool", "gymnasium")},
-    **{("pqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_pqn_ray_cells_of_the_capability_table_run"
+    **{("pqn", "async", "ray", layout, env): "tests/runtime/test_ray_actors.py::test_pqn_ray_cells_of_the_capability_table_run"
        for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
-    **{(algo, "async", "threads", "multi_host", env): "tests/test_distributed.py::test_two_replay_processes_keep_identical_replicas"
+    **{(algo, "async", "threads", "multi_host", env): "tests/runtime/test_distributed.py::test_two_replay_processes_keep_identical_replicas"
        for algo in ("dqn", "sac") for env in ("gymnax", "envpool", "gymnasium")},
-    ("dqn", "async", "ray", "single", "envpool"): "tests/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
-    **{("sac", "async", "ray", layout, env): "tests/test_ray_actors.py::test_sac_ray_cells_of_the_capability_table_run"
+    ("dqn", "async", "ray", "single", "envpool"): "tests/runtime/test_ray_actors.py::test_dqn_with_two_remote_actors_solves_cartpole",
+    **{("sac", "async", "ray", layout, env): "tests/runtime/test_ray_actors.py::test_sac_ray_cells_of_the_capability_table_run"
        for layout in ("single", "data_parallel", "groups") for env in ("envpool", "gymnasium")},
-    **{("dqn", "async", "ray", layout, env): "tests/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
+    **{("dqn", "async", "ray", layout, env): "tests/runtime/test_ray_actors.py::test_dqn_ray_cells_of_the_capability_table_run"
        for layout, env in (("single", "gymnasium"), ("data_parallel", "envpool"), ("data_parallel", "gymnasium"),
                            ("groups", "envpool"), ("groups", "gymnasium"))},
-    **{(algo, "async", "ray", layout, "gymnax"): "tests/test_ray_actors.py::test_device_env_cells_on_ray_actors_run"
+    **{(algo, "async", "ray", layout, "gymnax"): "tests/runtime/test_ray_actors.py::test_device_env_cells_on_ray_actors_run"
        for algo in ("ppo", "pqn", "dqn", "sac") for layout in ("single", "data_parallel", "groups")},
 }
 

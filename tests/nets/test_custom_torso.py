@@ -17,7 +17,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.config import UntrustedCodeError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: custom_torsos
 sys.path.insert(0, str(TESTS))
 import custom_torsos  # noqa: E402
 

@@ -29,7 +29,7 @@ from tianji_jax.checkpoint.core import (CheckpointError, CheckpointFormatError, 
 
 pytestmark = pytest.mark.timeout(300)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RUNS = {"ppo_cartpole": (2048, 4096), "dqn_cartpole": (2000, 4000)}  # fixture -> (its checkpoint, its budget)
 TIMING = ("wall_time_s", "sps")
 

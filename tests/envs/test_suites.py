@@ -82,7 +82,7 @@ def test_mask_helpers_by_hand():
 
 
 def test_a_suite_spec_names_its_mask_and_refuses_what_would_break_it():
-    """(observation normalisation keeps the mask raw: tests/test_replay_normalize.py)"""
+    """(observation normalisation keeps the mask raw: tests/algos/test_replay_normalize.py)"""
     spec = tj.PPOConfig(env=MAZE).env_spec
     assert spec.action_mask_size == 4 and spec.action_space == tj.envs.Discrete(4)
     with pytest.raises(ValueError, match="wrappers on an env with an action mask"):

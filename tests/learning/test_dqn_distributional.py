@@ -17,7 +17,7 @@ from tianji_jax.algos.dqn.distributional import (c51_support, categorical_projec
                                                  quantile_huber_loss, quantile_midpoints)
 from tianji_jax.nets.networks import QNetwork
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: dqn_settings
 from dqn_settings import CARTPOLE_FAST  # noqa: E402
 
 
