@@ -26,7 +26,7 @@ actor waits) uses the actor's core too; resources are not fully separate (see ``
    the target (the runs' measured r is reported and plotted); the target 6 is there because the
    target 3 realized r ~ 1.7 (the runs' u exceeded the calibration's).
 2. For each r and schedule (``sync``; ``one_step``, K=1; ``relaxed``, K=2; ``auto``, ceiling K=2: the
-   admission window tuned online, ``tianji_jax/runtime/auto_schedule.py``), per seed: env steps
+   admission window tuned online, ``tianji_jax/runtime/tianji/auto_schedule.py``), per seed: env steps
    and wall seconds to the threshold, throughput (env steps consumed by the learner per second, the
    first metrics row excluded), measured r (``sum(rollout_s) / sum(update_s)`` over the run), lag
    mean/max, dropped fraction, time spent evaluating, load average before and after the run.

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    from tianji_jax.runtime.ray_actors import RayContext
+    from tianji_jax.runtime.actors.ray_actors import RayContext
 
     t_start = time.perf_counter()
     load_start = C.loadavg()

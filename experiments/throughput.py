@@ -97,7 +97,7 @@ def raw_envpool_compiled_sps(env_id: str, num_envs: int, threads: int, seconds: 
                              num_steps: int) -> dict:
     """The same envs stepped through envpool's XLA interface: ``threads`` threads, each calling a
     jitted ``num_steps``-step loop of random actions on its own envs (no Python per step; what a
-    compiled actor, ``tianji_jax.runtime.envpool_rollout``, can reach at best). Valid transitions/s
+    compiled actor, ``tianji_jax.runtime.actors.envpool_rollout``, can reach at best). Valid transitions/s
     exclude the reset steps after each done, as :func:`raw_envpool_sps`."""
     from jax import lax
 
@@ -388,7 +388,7 @@ def make_summary(args, backends, rows, raw_rows, wall_s, load_start) -> str:
 
 def actor_kinds(backends) -> str:
     """One sentence: how each envpool backend's actors stepped (compiled rollout, or the Python loop and why)."""
-    from tianji_jax.runtime.envpool_rollout import compiled_rollout_unsupported
+    from tianji_jax.runtime.actors.envpool_rollout import compiled_rollout_unsupported
 
     out = []
     for name, cfg in backends.items():

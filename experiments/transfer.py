@@ -38,7 +38,7 @@ import _common as C  # noqa: E402
 
 import tianji_jax as tj  # noqa: E402
 from tianji_jax.runtime.async_on_policy import AsyncOnPolicy  # noqa: E402
-from tianji_jax.runtime.chunker import CHUNK_KEYS  # noqa: E402
+from tianji_jax.runtime.actors.chunker import CHUNK_KEYS  # noqa: E402
 
 T, N = 128, 8
 

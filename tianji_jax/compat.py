@@ -26,6 +26,13 @@ MOVED: dict[str, str] = {f"tianji_jax.{old}": f"tianji_jax.{new}" for old, new i
     "host_replay": "run.host_replay", "run_files": "run.run_files", "run_status": "run.run_status",
     "results": "run.results", "evaluation": "run.evaluation", "logging": "run.logging", "plotting": "run.plotting",
     "provenance": "run.provenance", "profiling": "run.profiling", "cli_argv": "cli.argv", "cli_sweep": "cli.sweep",
+    # runtime/ in folders: the runner core, the actors, the learner layouts
+    **{f"runtime.{m}": f"runtime.tianji.{m}" for m in ("async_runtime", "replay_runner", "scheduled",
+                                                        "auto_schedule", "param_store")},
+    **{f"runtime.{m}": f"runtime.actors.{m}" for m in ("host_actor", "chunker", "replay_host", "envpool_rollout",
+                                                        "ray_actors", "host_normalize")},
+    **{f"runtime.{m}": f"runtime.layouts.{m}" for m in ("data_parallel", "replay_sharded", "learner_groups",
+                                                         "collectives", "distributed")},
 }.items() if old != "buffers"}
 """Old dotted module path -> the module's path now. (``tianji_jax.buffers``, once the queues
 module, is now the buffers package, whose face re-exports the queues' public names;

@@ -70,7 +70,7 @@ CLIP_BOUND = 10.0 + 1e-6  # normalised entries lie within [-CLIP, CLIP]
 # ---- the rule ---------------------------------------------------------------------------------------
 def test_one_rule_normalises_all_but_the_mask_in_numpy_and_jax():
     from tianji_jax.algos.normalization import CLIP, RunningMeanStd, normalize_observation
-    from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
+    from tianji_jax.runtime.actors.host_normalize import HostNormalizer, MeanStd
 
     x = np.asarray([[3.0, -1.0, 0.0, 1.0], [200.0, 5.0, 1.0, 0.0]])
     mean, var = np.full(4, 50.0), np.full(4, 0.01)
@@ -116,7 +116,7 @@ def test_host_actor_acts_on_and_stores_the_raw_mask(algo):
     policy sees and the actor stores keeps its mask entries raw (the rest normalised, for PPO/PQN), and
     every action sent to the env is allowed by the raw mask of the observation it was chosen for."""
     from tianji_jax.algos.registry import agent_class_for, algorithm_for
-    from tianji_jax.runtime.host_normalize import SharedStatistics
+    from tianji_jax.runtime.actors.host_normalize import SharedStatistics
 
     config = _host_config(algo)
     assert config.env_spec.action_mask_size == A
@@ -171,10 +171,10 @@ def test_host_actor_acts_on_and_stores_the_raw_mask(algo):
 
 
 def test_host_evaluation_acts_on_the_raw_mask():
-    """:func:`~tianji_jax.runtime.host_actor.make_host_evaluate` (evaluation on a host env) with
+    """:func:`~tianji_jax.runtime.actors.host_actor.make_host_evaluate` (evaluation on a host env) with
     statistics far from every observation: the greedy policy sees the mask raw."""
-    from tianji_jax.runtime.host_actor import make_host_evaluate
-    from tianji_jax.runtime.host_normalize import MeanStd
+    from tianji_jax.runtime.actors.host_actor import make_host_evaluate
+    from tianji_jax.runtime.actors.host_normalize import MeanStd
 
     config = tj.PPOConfig(env=tiny_masked_env(), runtime="async", actor_backend="ray", **ON_POLICY,
                           total_env_steps=4 * 8 * 2)

@@ -25,7 +25,7 @@ def test_registered_with_its_agent_and_generic_runtime():
     algo = registry.get_algorithm("pqn")
     assert algo.data_path == "on_policy" and "pqn" in tj.algorithm_names()
     assert algo.train == "tianji_jax.run.host_on_policy:train_on_policy"  # the generic ones, not PQN's own
-    assert algo.host_actor == "tianji_jax.runtime.host_actor:on_policy_host_actor"
+    assert algo.host_actor == "tianji_jax.runtime.actors.host_actor:on_policy_host_actor"
     text = tj.PQNConfig().describe()
     assert text.startswith("PQN on CartPole-v1") and "LayerNorm" in text and "lambda=0.95" in text
 

@@ -193,10 +193,10 @@ import sys, numpy as np
 pid, port, out, env = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 import jax
 jax.config.update("jax_num_cpu_devices", 2)
-from tianji_jax.runtime import distributed as dist
+from tianji_jax.runtime.layouts import distributed as dist
 dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
 import tianji_jax as tj
-from tianji_jax.runtime.host_normalize import MeanStd, SharedStatistics
+from tianji_jax.runtime.actors.host_normalize import MeanStd, SharedStatistics
 rows, exchanged = [], []
 of_rows, exchange = MeanStd.of_rows.__func__, SharedStatistics.exchange
 def record_rows(cls, x, mask):

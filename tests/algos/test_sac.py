@@ -30,7 +30,7 @@ def test_registered_with_its_agent_and_the_generic_replay_runtime():
     algo = registry.get_algorithm("sac")
     assert algo.data_path == "replay" and "sac" in tj.algorithm_names()
     assert algo.train == "tianji_jax.run.host_replay:train_replay"  # the generic ones, not SAC's own
-    assert algo.host_actor == "tianji_jax.runtime.replay_host:replay_host_actor"
+    assert algo.host_actor == "tianji_jax.runtime.actors.replay_host:replay_host_actor"
     text = tj.SACConfig().describe()
     assert text.startswith("SAC (1-step) on Pendulum-v1") and "towards entropy -1" in text
 

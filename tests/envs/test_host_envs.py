@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tianji_jax.envs.host import (EnvpoolVecEnv, GymnasiumVecEnv, HostStep, envpool_ids,
                                   from_gymnasium_space)
 from tianji_jax.envs.spaces import Box, Discrete
-from tianji_jax.runtime.chunker import CHUNK_KEYS, TrajectoryChunker
+from tianji_jax.runtime.actors.chunker import CHUNK_KEYS, TrajectoryChunker
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:.*precision lowered.*:UserWarning")]

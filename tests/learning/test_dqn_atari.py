@@ -14,7 +14,7 @@ import pytest
 import tianji_jax as tj
 from tianji_jax.buffers import frame_replay
 from tianji_jax.envs.host import EnvpoolVecEnv
-from tianji_jax.runtime.replay_host import ReplayHostActor, HostNStep, chunk_episode_stats
+from tianji_jax.runtime.actors.replay_host import ReplayHostActor, HostNStep, chunk_episode_stats
 from tianji_jax.algos.dqn.agent import DQNAgent
 
 pytestmark = pytest.mark.timeout(300)

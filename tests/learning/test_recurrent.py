@@ -342,7 +342,7 @@ def test_host_actor_trajectories_replay_to_the_acting_values(env, batch):
     stored ``reset`` flags give exactly the values it acted with: the learner's BPTT sees the
     states the actor had. ``reset`` marks each episode's first transition."""
     from tianji_jax.runtime.anakin import make_agent
-    from tianji_jax.runtime.host_actor import HostActor, host_policy
+    from tianji_jax.runtime.actors.host_actor import HostActor, host_policy
 
     config = tj.PPOConfig(**{**SMALL, "env": env, "runtime": "async", "env_batch_size": batch, "num_steps": 32,
                              "total_env_steps": 4 * 32 * 4})

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import tianji_jax as tj
 from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
 from tianji_jax.buffers.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
-from tianji_jax.runtime.param_store import ParamStore
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.tianji.param_store import ParamStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -272,7 +272,7 @@ def test_telemetry_counts_open_spans_up_to_the_read():
     import threading
     import time
 
-    from tianji_jax.runtime.async_runtime import Telemetry
+    from tianji_jax.runtime.tianji.async_runtime import Telemetry
 
     tel = Telemetry()
     inside, release = threading.Event(), threading.Event()

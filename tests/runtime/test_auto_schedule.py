@@ -1,4 +1,4 @@
-"""The ``auto`` schedule (runtime/auto_schedule.py): its rule, its bounds under randomised actor and
+"""The ``auto`` schedule (runtime/tianji/auto_schedule.py): its rule, its bounds under randomised actor and
 learner timings (a property test through the real trajectory queue / replay ingress and the
 learner's own lag computation, with fake compute), and runs through ``train``."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks
-from tianji_jax.runtime.auto_schedule import HIGH, LOW, AutoBalancer
-from tianji_jax.runtime.replay_runner import ReplayRunner
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, RunnerHooks
+from tianji_jax.runtime.tianji.auto_schedule import HIGH, LOW, AutoBalancer
+from tianji_jax.runtime.tianji.replay_runner import ReplayRunner
 
 pytestmark = pytest.mark.timeout(300)
 

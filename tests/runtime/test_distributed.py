@@ -148,7 +148,7 @@ _WORKER = textwrap.dedent('''
     pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     import jax
     jax.config.update("jax_num_cpu_devices", 2)
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
     dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
     import tianji_jax as tj
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
@@ -243,7 +243,7 @@ def test_survivor_exits_nonzero_with_a_tianji_line_naming_the_dead_process(tmp_p
     # what survives: the survivor's newest complete checkpoint, the replicas' state at its update
     # (the digest both processes logged for it), with whole counters: every env step of the
     # cut consumed once (one 4 x 16 chunk per process and update), inserted or in flight
-    from tianji_jax.runtime.distributed import params_digest
+    from tianji_jax.runtime.layouts.distributed import params_digest
 
     loaded = tj.load(tmp_path / "run0")
     version = int(loaded.state.learner.version)
@@ -316,7 +316,7 @@ _TRAIN_WORKER = textwrap.dedent('''
     algo, who = sys.argv[6], sys.argv[7]  # who: the processes whose callback interrupts ("both" or "0")
     import jax
     jax.config.update("jax_num_cpu_devices", 2)
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
     dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
     import tianji_jax as tj
     job = dict(env=env, runtime="async", schedule="sync", eval_episodes=0, num_processes=2, process_id=pid,
@@ -338,7 +338,7 @@ _TRAIN_WORKER = textwrap.dedent('''
         if len(rows) == stop_after:
             raise Interrupt
 
-    from tianji_jax.runtime.async_runtime import PeerStoppedError
+    from tianji_jax.runtime.tianji.async_runtime import PeerStoppedError
     interrupts = stop_after and (who == "both" or who == str(pid))
     try:  # the learners of both processes stop after the same update, whoever interrupts: a clean exit
         tj.train(cfg, run_dir=run_dir, progress=False, tensorboard=False, callback=stop if interrupts else None)
@@ -601,7 +601,7 @@ _REPLAY_WORKER = textwrap.dedent('''
     pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     import jax
     jax.config.update("jax_num_cpu_devices", 2)
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
     dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
     import jax.numpy as jnp
     import tianji_jax as tj
@@ -675,7 +675,7 @@ _LISTEN_WORKER = textwrap.dedent('''
     import json, sys
     import numpy as np, psutil
     pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
     dist.initialize(f"{sys.argv[4]}:{port}", 2, pid, heartbeat_timeout_s=30)
     from jax.experimental import multihost_utils
     got = multihost_utils.process_allgather(np.array([pid]))  # a collective: gloo's sockets are open

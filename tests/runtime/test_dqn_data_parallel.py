@@ -13,7 +13,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import tianji_jax as tj
 from tianji_jax.runtime.async_replay import AsyncReplay
-from tianji_jax.runtime.replay_sharded import split_by_env
+from tianji_jax.runtime.layouts.replay_sharded import split_by_env
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,8 +13,8 @@ import tianji_jax as tj
 from tianji_jax.algos import dqn
 from tianji_jax.envs.host import HostStep
 from tianji_jax.runtime.async_replay import AsyncReplay
-from tianji_jax.runtime.chunker import TrajectoryChunker
-from tianji_jax.runtime.replay_host import HostNStep, chunk_episode_stats
+from tianji_jax.runtime.actors.chunker import TrajectoryChunker
+from tianji_jax.runtime.actors.replay_host import HostNStep, chunk_episode_stats
 from tianji_jax.algos.dqn.agent import DQNAgent, actor_epsilons
 
 pytestmark = pytest.mark.timeout(300)

@@ -11,8 +11,8 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.runtime.anakin import make_agent
-from tianji_jax.runtime.chunker import TrajectoryChunker
-from tianji_jax.runtime.host_actor import HostActor, host_policy
+from tianji_jax.runtime.actors.chunker import TrajectoryChunker
+from tianji_jax.runtime.actors.host_actor import HostActor, host_policy
 
 
 def _actor(cfg, compiled: bool) -> tuple[HostActor, object]:
@@ -122,7 +122,7 @@ def test_compiled_replay_actor_equals_the_python_loop(monkeypatch):
     """DQN's host actor (epsilon-greedy, n-step windows across chunks, version changes) gives the same
     replay items, versions and statistics compiled as from the Python loop."""
     from tianji_jax.algos.registry import agent_class_for
-    from tianji_jax.runtime.replay_host import ReplayHostActor, replay_host_actor
+    from tianji_jax.runtime.actors.replay_host import ReplayHostActor, replay_host_actor
 
     cfg = tj.DQNConfig(env="envpool:CartPole-v1", runtime="async", num_envs=4, num_steps=10, learning_starts=200,
                        buffer_capacity=1000, total_env_steps=2000, epsilon_decay_fraction=0.2)

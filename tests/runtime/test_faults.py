@@ -111,8 +111,8 @@ import traceback as _traceback
 import jax
 import numpy as np
 
-from tianji_jax.runtime.async_runtime import StallError
-from tianji_jax.runtime.param_store import ParamStore
+from tianji_jax.runtime.tianji.async_runtime import StallError
+from tianji_jax.runtime.tianji.param_store import ParamStore
 
 _ASYNC_PPO = dict(env="gymnax:CartPole-v1", runtime="async", num_envs=4, num_steps=32, num_minibatches=2,
                   update_epochs=2, eval_episodes=0, eval_every_env_steps=4 * 32 * 2)
@@ -286,7 +286,7 @@ def test_ppo_params_lost_past_the_stall_timeout_stop_the_run_naming_the_actor_an
     waited = time.monotonic() - wait_started[k + 1]  # the actor's own wait, whatever the update took
     # (a) one line naming the waiting actor, the version it waits for and the last ones it saw
     assert _user_lines(info.value) == [
-        f"tianji_jax.runtime.async_runtime.StallError: actor 0 received no params of version >= {k + 1} for "
+        f"tianji_jax.runtime.tianji.async_runtime.StallError: actor 0 received no params of version >= {k + 1} for "
         f"{stall:g} s; last published version {k}, last seen by this actor {k}", "raised in tianji thread 'actor-0'"]
     assert store.first_lost_at is not None  # publication k + 1 was lost
     assert stall <= waited < stall + 15.0  # bounded: stall_timeout_s of waiting, then the error (not a hang)

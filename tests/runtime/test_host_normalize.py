@@ -10,9 +10,9 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.envs.host_common import HostStep
-from tianji_jax.runtime import host_actor as host_actor_mod
-from tianji_jax.runtime import host_normalize as hn
-from tianji_jax.runtime.host_normalize import HostNormalizer, HostNormStats, MeanStd, SharedStatistics
+from tianji_jax.runtime.actors import host_actor as host_actor_mod
+from tianji_jax.runtime.actors import host_normalize as hn
+from tianji_jax.runtime.actors.host_normalize import HostNormalizer, HostNormStats, MeanStd, SharedStatistics
 
 HOST = dict(env="envpool:CartPole-v1", runtime="async", num_envs=4, num_steps=16, eval_episodes=2,
             normalize_observations=True, scale_rewards=True, seed=3)
@@ -211,11 +211,11 @@ import sys, threading, numpy as np
 pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 import jax
 jax.config.update("jax_num_cpu_devices", 2)
-from tianji_jax.runtime import distributed as dist
+from tianji_jax.runtime.layouts import distributed as dist
 dist.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=10)
 import tianji_jax as tj
-from tianji_jax.runtime import host_actor as ha
-from tianji_jax.runtime.host_normalize import HostNormalizer, SharedStatistics
+from tianji_jax.runtime.actors import host_actor as ha
+from tianji_jax.runtime.actors.host_normalize import HostNormalizer, SharedStatistics
 raw, exchanges, published, received, lock = {0: [], 1: []}, [], [], [], threading.Lock()
 wrap, add, exchange, pub, sync = (ha.HostActor._wrap, SharedStatistics.add, SharedStatistics.exchange,
                                   SharedStatistics.published, HostNormalizer.sync)

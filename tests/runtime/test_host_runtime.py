@@ -6,7 +6,7 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
-from tianji_jax.runtime.host_actor import HostActor
+from tianji_jax.runtime.actors.host_actor import HostActor
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -114,7 +114,7 @@ def test_atari_gets_the_nature_cnn_uint8_trajectories_and_clean_evaluation_setti
 def _collect(batch_size, chunks=3, n=4, t=16):
     """Chunks from envpool CartPole with actions a function of (env_id, step in episode) only."""
     from tianji_jax.envs.host import EnvpoolVecEnv
-    from tianji_jax.runtime.chunker import TrajectoryChunker
+    from tianji_jax.runtime.actors.chunker import TrajectoryChunker
 
     env = EnvpoolVecEnv("CartPole-v1", n, batch_size=batch_size, seed=7, max_episode_steps=25)
     chunker = TrajectoryChunker.from_spaces(n, t, env.observation_space, env.action_space)

@@ -14,8 +14,8 @@ import pytest
 
 import tianji_jax as tj
 from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
-from tianji_jax.runtime.async_runtime import StallError
-from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point, tree_mean
+from tianji_jax.runtime.tianji.async_runtime import StallError
+from tianji_jax.runtime.layouts.learner_groups import ParamAverager, is_sync_point, tree_mean
 
 BASE = dict(env="gymnax:CartPole-v1", runtime="async", num_envs=4, num_steps=16, num_minibatches=2,
             update_epochs=2, eval_every_env_steps=128, eval_episodes=2)

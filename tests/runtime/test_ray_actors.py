@@ -149,7 +149,7 @@ def test_remote_actors_normalise_with_the_runs_merged_statistics(cluster, monkey
     actors' statistics reach the run's (merged in the driver as their trajectories arrive) and
     the train state holds them (tests/runtime/test_host_normalize.py checks the values with threads).
     Budget: 6 updates of 2 x 4 x 32 env steps."""
-    from tianji_jax.runtime.host_normalize import HostNormStats, SharedStatistics
+    from tianji_jax.runtime.actors.host_normalize import HostNormStats, SharedStatistics
 
     shared, init = [], SharedStatistics.__init__
 
@@ -285,7 +285,7 @@ def test_remote_actors_on_a_masked_suite_env_keep_the_mask_raw(cluster, monkeypa
     import jax
 
     from tianji_jax.envs.suites import action_mask
-    from tianji_jax.runtime.ray_actors import RayActorClient
+    from tianji_jax.runtime.actors.ray_actors import RayActorClient
 
     received, call = [], RayActorClient.__call__
 
@@ -422,7 +422,7 @@ def test_dqn_with_two_remote_actors_solves_cartpole(cluster):
 @pytest.mark.timeout(180)
 def test_actor_dying_past_max_restarts_stops_the_run(cluster):
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
-    from tianji_jax.runtime.ray_actors import RemoteActorError
+    from tianji_jax.runtime.actors.ray_actors import RemoteActorError
 
     config = PPOConfig(**{**SMALL, "num_actors": 1}, total_env_steps=4 * 32 * 200, ray_max_restarts=0)
     ppo = AsyncOnPolicy(config)
@@ -440,7 +440,7 @@ def test_actor_dying_past_max_restarts_stops_the_run(cluster):
 
 
 def test_params_are_put_once_per_version_and_shared(cluster):
-    from tianji_jax.runtime.ray_actors import ParamPublisher
+    from tianji_jax.runtime.actors.ray_actors import ParamPublisher
 
     pub = ParamPublisher()
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks
-from tianji_jax.runtime.scheduled import ScheduledRunner, VersionedParamStore
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, RunnerHooks
+from tianji_jax.runtime.tianji.scheduled import ScheduledRunner, VersionedParamStore
 from tianji_jax.buffers.schedule_file import FORMAT, ScheduleRecorder, load_schedule
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,7 @@ groups, multi-host (``jax.distributed``) and Ray actor settings, and the ``HOST:
 coordinator address.
 
 Pure validation: imports nothing from :mod:`tianji_jax.runtime` (whose
-:mod:`~tianji_jax.runtime.distributed` re-exports :func:`check_coordinator`).
+:mod:`~tianji_jax.runtime.layouts.distributed` re-exports :func:`check_coordinator`).
 """
 
 from __future__ import annotations

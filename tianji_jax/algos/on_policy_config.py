@@ -121,7 +121,7 @@ class OnPolicyConfig(AgentConfig):
     """Async schedule: 'sync' (lag 0, reproducible), 'one_step' (rollout k+1 uses params k),
     'relaxed' (nobody waits unless the queue is full; lag bounded by max_policy_lag), 'auto'
     (relaxed, with the admission window and queue limit tuned online within the ceiling
-    max_policy_lag from both sides' waits: tianji_jax/runtime/auto_schedule.py)."""
+    max_policy_lag from both sides' waits: tianji_jax/runtime/tianji/auto_schedule.py)."""
     max_policy_lag: int | None = tianji(None)
     """Hard bound K on the policy lag of consumed samples; default 0 (sync), 1 (one_step), 2 (relaxed),
     4 (auto: the ceiling of its window). With admission control the queue also caps it: one actor

@@ -32,10 +32,10 @@ algorithm's replay ratio."""
 _GENERIC = {
     "on_policy": (("train", "tianji_jax.run.host_on_policy:train_on_policy"),
                   ("evaluate", "tianji_jax.run.host_on_policy:evaluate_on_policy"),
-                  ("host_actor", "tianji_jax.runtime.host_actor:on_policy_host_actor")),
+                  ("host_actor", "tianji_jax.runtime.actors.host_actor:on_policy_host_actor")),
     "replay": (("train", "tianji_jax.run.host_replay:train_replay"),
                ("evaluate", "tianji_jax.run.host_replay:evaluate_replay"),
-               ("host_actor", "tianji_jax.runtime.replay_host:replay_host_actor")),
+               ("host_actor", "tianji_jax.runtime.actors.replay_host:replay_host_actor")),
 }
 """The generic train / evaluate / host-actor functions of each data path (an agent's defaults)."""
 
@@ -70,7 +70,7 @@ class Algorithm:
             actor``, where ``actor(params, version) -> (chunk, env_steps)`` acts with the policy
             on ``device`` and ``chunk`` is a pytree the learner's insert takes once placed on its
             device (host arrays after ``jax.device_get``); the actor has ``chunker`` (its
-            :class:`~tianji_jax.runtime.chunker.TrajectoryChunker`) and ``close()``. Its PRNG
+            :class:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker`) and ``close()``. Its PRNG
             key is the algorithm's actor key folded with each of ``key_folds`` in turn; its
             envs are seeded from ``seed`` (not ``config.seed``); ``timer(name, t0)`` adds phase seconds; ``run_env_steps()`` is the run's env steps.
         description: one line describing it (shown in ``tianji train --help`` under ``--algo``).

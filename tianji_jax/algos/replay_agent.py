@@ -191,7 +191,7 @@ class ReplayAgent:
         self.config = config
         spec = config.env_spec
         self.spec = spec
-        # host envs (envpool, gymnasium) are stepped by host actors (runtime/replay_host.py), not here
+        # host envs (envpool, gymnasium) are stepped by host actors (runtime/actors/replay_host.py), not here
         self.env = None if spec.on_host else GymnaxVecEnv(spec, config.num_envs)
         self.history_len = config.n_step - 1
         self.obs_shape = tuple(spec.observation_shape)

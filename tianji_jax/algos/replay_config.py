@@ -38,7 +38,7 @@ class ReplayConfig(AgentConfig):
     the replay ratio (gradient updates per env step) holds exactly, with no credit accumulator.
     With ``runtime='async'`` actor threads produce such iterations concurrently with the learner
     (the rate limiter holds the replay ratio); on host envs (envpool, gymnasium) each actor steps
-    its envs on the host and acts on the actor device (:mod:`tianji_jax.runtime.replay_host`).
+    its envs on the host and acts on the actor device (:mod:`tianji_jax.runtime.actors.replay_host`).
 
     All step counts are env steps (one transition of one environment) unless the field says
     "gradient updates". Derived quantities are properties: ``iteration_env_steps``,
@@ -121,7 +121,7 @@ class ReplayConfig(AgentConfig):
     schedule: Literal["sync", "relaxed", "auto"] = tianji("relaxed")
     """Async: 'relaxed' (actors act with the newest params whenever the rate limiter admits a
     chunk; the TianJi mode), 'auto' (relaxed, with the samples-per-insert band tuned online within
-    replay_ratio_tolerance: tianji_jax/runtime/auto_schedule.py) or 'sync' (one actor; chunk k is
+    replay_ratio_tolerance: tianji_jax/runtime/tianji/auto_schedule.py) or 'sync' (one actor; chunk k is
     acted with the params published after the learner processed chunk k-1, exactly as an Anakin
     iteration: lag 0, bit-reproducible; max_policy_lag is then unused)."""
     replay_ratio_tolerance: float = tianji(1.0)

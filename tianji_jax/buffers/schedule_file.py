@@ -18,13 +18,13 @@ File format (JSON lines, ``RUN_DIR/schedule.jsonl``): a header line ``{"format":
 line per update ``{"update": u, "actor": a, "rollout": r, "version": v, "dropped": [[a, r, v],
 ...]}``.
 
-Replaying it (:class:`~tianji_jax.runtime.scheduled.ScheduledRunner`): actor ``a`` acts its
+Replaying it (:class:`~tianji_jax.runtime.tianji.scheduled.ScheduledRunner`): actor ``a`` acts its
 rollout ``r`` with exactly version ``v`` (it waits until that version is published; the store
 keeps each version until every rollout that needs it has read it); the learner's update ``u``
 takes exactly the recorded rollout (it waits for it); a rollout the record lists as dropped is
 dropped when it arrives. The result is bit-identical params for the same config on the same
 machine. This module is the file (plain Python, no JAX); the
-replaying runner is :mod:`tianji_jax.runtime.scheduled`.
+replaying runner is :mod:`tianji_jax.runtime.tianji.scheduled`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ A checkpoint is one orbax step directory named by the env steps taken, holding t
   counters of the cut, ``in_flight`` env steps it leaves out, DQN's epsilon), ``has_actor``
   (False for host-env actors, whose env state is not saved; their ``state.actor`` is None, or,
   for an on-policy run that normalises, the run's observation/return statistics as a
-  :class:`~tianji_jax.runtime.host_normalize.HostNormStats`) and ``stacked_actors`` (the number of
+  :class:`~tianji_jax.runtime.actors.host_normalize.HostNormStats`) and ``stacked_actors`` (the number of
   actor states stacked on a leading axis of ``state.actor`` when there are several, else 0).
 
 Saving is asynchronous: :meth:`RunCheckpointer.save` returns once the arrays are copied to the

@@ -120,11 +120,11 @@ def _default_run_dir(args: TrainArgs | DQNTrainArgs) -> Path:
 
 def _multi_host(argv: list[str]) -> int | None:
     """``--num-processes P > 1``: outside the training child, run it under the supervisor
-    (:func:`tianji_jax.runtime.distributed.supervise`) and return its status; inside it, join the
+    (:func:`tianji_jax.runtime.layouts.distributed.supervise`) and return its status; inside it, join the
     jax.distributed job before JAX starts and return None (training follows). Bad values: 2."""
     import os
 
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
 
     try:
         if flag_value(argv, "--num-processes", None) is not None:
@@ -232,7 +232,7 @@ def _train(argv: list[str]) -> int:
         return args
     from tianji_jax.checkpoint.core import CheckpointError
     from tianji_jax.runtime.nonfinite import NonFiniteError
-    from tianji_jax.runtime.async_runtime import PeerStoppedError
+    from tianji_jax.runtime.tianji.async_runtime import PeerStoppedError
     from tianji_jax.training import train
 
     config = args.config
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         import os
 
-        from tianji_jax.runtime.distributed import CHILD_ENV
+        from tianji_jax.runtime.layouts.distributed import CHILD_ENV
 
         if os.environ.get(CHILD_ENV) != "1":
             return _train(rest)
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException as exc:  # noqa: BLE001
             import traceback
 
-            from tianji_jax.runtime.distributed import child_failed
+            from tianji_jax.runtime.layouts.distributed import child_failed
 
             traceback.print_exc()
             sys.stderr.flush()
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             if status in (2, 130, _EXIT_PEER_STOPPED):  # every process stops together: leave the job together
-                from tianji_jax.runtime.distributed import leave_job
+                from tianji_jax.runtime.layouts.distributed import leave_job
 
                 leave_job()
             os._exit(status)

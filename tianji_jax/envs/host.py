@@ -12,7 +12,7 @@ Auto-reset ("next step" convention, shared by both backends)
     False. That step is not a transition: :class:`HostStep` marks it ``valid=False``. Hence:
 
     * on a done step, ``final_obs`` = ``obs`` = the final obs (the policy acts on it; envpool
-      ignores that action, and :class:`~tianji_jax.runtime.chunker.TrajectoryChunker` discards
+      ignores that action, and :class:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker` discards
       it when the invalid step arrives);
     * on a valid non-done step, ``final_obs`` = ``obs`` = the successor obs;
     * on an invalid (reset) step, ``obs`` = the new episode's first obs, and ``final_obs`` = ``obs``

@@ -261,7 +261,7 @@ def run_async(runner: Any, files: RunFiles, emit: Callable[..., bool], callback:
               total: int, make_row: Callable[[list, dict, dict, RateWindow, int], AsyncRow],
               close: Callable[[], None]) -> bool:
     """The async runtime's host loop, for every algorithm: run ``runner`` (an
-    :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`) and, after every ``every``-th update of
+    :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner`) and, after every ``every``-th update of
     all learner groups together (and the ``total``-th), build a row, evaluate / log / check it
     (``emit``), checkpoint, then call ``callback(row)``; ``close()`` runs when the threads have
     stopped, whatever happened. Returns whether the run stopped early (``emit`` said so).
@@ -321,7 +321,7 @@ def async_restore(restored: Any) -> dict | None:
         return None
     meta, state = restored.meta, restored.state
     counters = meta["async_counters"]
-    from tianji_jax.runtime.host_normalize import HostNormStats
+    from tianji_jax.runtime.actors.host_normalize import HostNormStats
 
     norm = state.actor if isinstance(state.actor, HostNormStats) else None  # host actors' statistics
     restore = {"learner": state.learner, "counters": counters, "env_steps": restored.step, "norm": norm,

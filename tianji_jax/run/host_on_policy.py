@@ -33,11 +33,11 @@ def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_epi
     ``num_episodes`` separate envs (a separate host env for envpool/gymnasium), built from
     ``trainer``'s network; compiled once per config and episode count. A recurrent agent's policy
     carries its core's state through each episode (:func:`~tianji_jax.run.evaluation.make_recurrent_evaluate`
-    on gymnax envs; on host envs :func:`~tianji_jax.runtime.host_actor.make_host_evaluate` with the
+    on gymnax envs; on host envs :func:`~tianji_jax.runtime.actors.host_actor.make_host_evaluate` with the
     agent's ``greedy_step``)."""
     agent = trainer.agent
     if agent.recurrent and config.env_spec.on_host:
-        from tianji_jax.runtime.host_actor import make_host_evaluate
+        from tianji_jax.runtime.actors.host_actor import make_host_evaluate
 
         return make_host_evaluate(config, jax.jit(agent.greedy_step), num_episodes, initial_carry=agent.initial_carry)
     if agent.recurrent:
@@ -45,7 +45,7 @@ def on_policy_evaluator(config: OnPolicyConfig, trainer: OnPolicyAnakin, num_epi
                                        num_episodes, config.normalize_observations,
                                        cache_key=(compile_key(config), num_episodes))
     if config.env_spec.on_host:  # envpool / gymnasium: episodes on a separate host env
-        from tianji_jax.runtime.host_actor import make_host_evaluate
+        from tianji_jax.runtime.actors.host_actor import make_host_evaluate
 
         return make_host_evaluate(config, jax.jit(trainer.agent.greedy), num_episodes)
     return make_evaluate(config.env_spec, trainer.agent.apply, trainer.agent.continuous, num_episodes,
@@ -71,7 +71,7 @@ def train_on_policy(config: OnPolicyConfig, *, run_dir, progress, callback, resu
         # device errors before the run dir exists
         placement(num_learner_devices=config.num_learner_devices, num_learner_groups=config.num_learner_groups)
     elif config.runtime == "anakin" and config.num_learner_devices > 1:
-        from tianji_jax.runtime.data_parallel import mesh_devices
+        from tianji_jax.runtime.layouts.data_parallel import mesh_devices
 
         mesh_devices(config.num_learner_devices)
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run (the
@@ -139,7 +139,7 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
     0's actors and counters; every other process writes its own actors and counters as its part
     of the same cut (:meth:`~tianji_jax.run.run_files.RunFiles.maybe_save`)."""
     from tianji_jax.runtime.async_on_policy import AsyncOnPolicy
-    from tianji_jax.runtime.host_normalize import SharedStatistics
+    from tianji_jax.runtime.actors.host_normalize import SharedStatistics
 
     # record_schedule: which rollout each update consumes, and what the gate drops (train() refused a
     # missing run_dir and a resume before the run dir was touched)
@@ -191,6 +191,6 @@ def run_async_on_policy(config: OnPolicyConfig, files: RunFiles, emit: Callable[
 def _distributed_local(config: OnPolicyConfig, state: Any) -> Any:
     """This process's local replica of a global learner state (multi-host runs; the runtime
     checked this process joined ``config``'s job when it was wired)."""
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
 
     return dist.local_replica(state)

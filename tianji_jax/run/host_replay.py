@@ -37,7 +37,7 @@ def replay_evaluator(config: Any, num_episodes: int):
 
     trainer = shared_train(one_device(config))  # only its agent: evaluation runs on one device
     if config.env_spec.on_host:
-        from tianji_jax.runtime.host_actor import make_host_evaluate
+        from tianji_jax.runtime.actors.host_actor import make_host_evaluate
 
         return make_host_evaluate(config, jax.jit(trainer.agent.greedy_action), num_episodes)
     agent = trainer.agent
@@ -114,7 +114,7 @@ def train_replay(config: Any, *, run_dir, progress, callback, resume, checkpoint
     if config.num_processes > 1 and jax.process_index() != 0:  # multi-host: process 0 writes the run
         progress = False
     if config.runtime == "anakin" and config.num_learner_devices > 1:  # device errors before the run dir exists
-        from tianji_jax.runtime.data_parallel import mesh_devices
+        from tianji_jax.runtime.layouts.data_parallel import mesh_devices
 
         mesh_devices(config.num_learner_devices)
     start = time.perf_counter()

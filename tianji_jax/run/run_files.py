@@ -87,7 +87,7 @@ class RunFiles:
         # through the job's key-value store under ``_kv``
         self.num_processes = getattr(config, "num_processes", 1)
         if self.num_processes > 1:
-            from tianji_jax.runtime import distributed as dist
+            from tianji_jax.runtime.layouts import distributed as dist
 
             if not dist.is_initialized() or dist.process_count() != self.num_processes:
                 raise ValueError(f"num_processes={self.num_processes}: this process has not joined that "
@@ -105,12 +105,12 @@ class RunFiles:
         except BaseException as err:
             if self._kv:  # the other processes wait for the announcement: tell them why it will not come
                 from tianji_jax.checkpoint.verify import one_line
-                from tianji_jax.runtime import distributed as dist
+                from tianji_jax.runtime.layouts import distributed as dist
 
                 dist.kv_set(self._kv + "/announce", json.dumps({"error": one_line(err)}))
             raise
         if self._kv:
-            from tianji_jax.runtime import distributed as dist
+            from tianji_jax.runtime.layouts import distributed as dist
 
             self.parts_dir = self.run_dir.resolve() if self.run_dir is not None else None
             dist.kv_set(self._kv + "/announce", json.dumps({
@@ -212,7 +212,7 @@ class RunFiles:
         checkpoint (the replicated learner) and this process's actors and counters from its part."""
         from tianji_jax import checkpoint as ckpt
         from tianji_jax.checkpoint.io import load_process_part
-        from tianji_jax.runtime import distributed as dist
+        from tianji_jax.runtime.layouts import distributed as dist
 
         info = json.loads(dist.kv_get(self._kv + "/announce", _WAIT_S, "process 0 to open the run directory"))
         if "error" in info:
@@ -295,7 +295,7 @@ class RunFiles:
             return
         if self.process > 0:
             from tianji_jax.checkpoint.io import save_process_part
-            from tianji_jax.runtime import distributed as dist
+            from tianji_jax.runtime.layouts import distributed as dist
 
             part = {k: extra[k] for k in ("async_counters", "stacked_actors", "has_actor") if k in extra}
             with phase("checkpoint"):
@@ -304,7 +304,7 @@ class RunFiles:
             self.last_saved = env_steps
             return
         if self.num_processes > 1:
-            from tianji_jax.runtime import distributed as dist
+            from tianji_jax.runtime.layouts import distributed as dist
 
             with phase("checkpoint"):
                 for i in range(1, self.num_processes):
@@ -368,7 +368,7 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
     if algorithm_for(config).data_path == "replay":
         from tianji_jax.runtime.anakin import ReplayTrainState
 
-        from tianji_jax.runtime.replay_sharded import init_sharded_replay
+        from tianji_jax.runtime.layouts.replay_sharded import init_sharded_replay
 
         trainer = make_train(one_device(config))  # the shapes; a data-parallel run's load on one device
         agent = trainer.agent
@@ -390,7 +390,7 @@ def state_template(config: Any, has_actor: bool = True, stacked_actors: int = 0)
             agent = trainer.agent
             learner = jax.eval_shape(lambda k: agent.init_learner(agent.split_init_key(k)[1]), key)
             if config.host_stepped and (config.normalize_observations or config.scale_rewards):
-                from tianji_jax.runtime.host_normalize import SharedStatistics  # the run's statistics
+                from tianji_jax.runtime.actors.host_normalize import SharedStatistics  # the run's statistics
 
                 return PPOTrainState(jax.eval_shape(
                     lambda: SharedStatistics(config.env_spec.observation_space.shape).state()), learner)

@@ -14,7 +14,7 @@ one device (Hessel et al. 2021, "Podracer architectures for scalable RL", the An
 Both have ``init(key)`` building a train state and a call running a compiled chunk
 ``state -> (state, metrics)`` with every metric shaped ``(U,)``. Both are pure, so ``jax.vmap``
 over seeds works on them. With ``num_learner_devices = L > 1`` one run's envs are sharded over
-``L`` devices and its gradients averaged over them (:mod:`~tianji_jax.runtime.data_parallel`):
+``L`` devices and its gradients averaged over them (:mod:`~tianji_jax.runtime.layouts.data_parallel`):
 the program computes what the async ``sync`` schedule with ``L`` learner devices computes.
 """
 
@@ -35,7 +35,7 @@ from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.algos.registry import agent_class_for, algorithm_for
 from tianji_jax.algos.replay_agent import ReplayActorState, ReplayAgent, ReplayLearnerState
 from tianji_jax.algos.config_base import not_compiled
-from tianji_jax.runtime import data_parallel
+from tianji_jax.runtime.layouts import data_parallel
 
 __all__ = ["OnPolicyTrainState", "OnPolicyAnakin", "PPOTrainState", "PPOAnakin", "ReplayTrainState", "ReplayAnakin",
            "DQNTrainState", "DQNAnakin", "make_train", "make_dqn_train", "compile_key", "shared_train", "make_agent",
@@ -234,7 +234,7 @@ class ReplayAnakin:
             ``ROW_METRICS``; 0 where it did not learn).
         devices: the ``L`` devices of a data-parallel run, or None (one device). With ``L > 1``
             the replay is ``L`` shards of ``buffer_capacity / L`` stacked on a leading axis
-            (:mod:`~tianji_jax.runtime.replay_sharded`: each device inserts its own env columns'
+            (:mod:`~tianji_jax.runtime.layouts.replay_sharded`: each device inserts its own env columns'
             transitions and samples ``batch_size / L`` from its shard), the actor state sharded by
             env column, the learner replicated; ``chunk`` places its input state first.
 
@@ -243,7 +243,7 @@ class ReplayAnakin:
     """
 
     def __init__(self, agent: ReplayAgent, iterations_per_chunk: int, devices: list | None = None):
-        from tianji_jax.runtime import replay_sharded
+        from tianji_jax.runtime.layouts import replay_sharded
 
         if (isinstance(iterations_per_chunk, bool) or not isinstance(iterations_per_chunk, int)
                 or iterations_per_chunk < 1):

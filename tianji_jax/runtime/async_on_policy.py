@@ -4,9 +4,9 @@ consumption).
 
 The config's registered agent (:class:`~tianji_jax.algos.on_policy.OnPolicyAgent`: PPO, PQN, ...)
 supplies the functions; gymnax actors run the same rollout Anakin fuses on their
-device; envpool/gymnasium actors (:class:`~tianji_jax.runtime.host_actor.HostActor`) step the host
+device; envpool/gymnasium actors (:class:`~tianji_jax.runtime.actors.host_actor.HostActor`) step the host
 env and run only the policy on their device. Either way they run in separate threads from the
-learner through :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`.
+learner through :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner`.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from jax.sharding import PartitionSpec as P
 from tianji_jax.algos.on_policy import LearnerState, OnPolicyAgent
 from tianji_jax.algos.on_policy_config import OnPolicyConfig
 from tianji_jax.caches import register
-from tianji_jax.runtime import data_parallel
-from tianji_jax.runtime.async_runtime import AsyncRunner, PhaseTimers, RunnerHooks
-from tianji_jax.runtime.auto_schedule import AutoBalancer
-from tianji_jax.runtime.host_actor import HostActor, host_policy, params_to_actor
-from tianji_jax.runtime.host_normalize import SharedStatistics
-from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
-from tianji_jax.runtime.param_store import ParamStore
-from tianji_jax.runtime.scheduled import ScheduledRunner
+from tianji_jax.runtime.layouts import data_parallel
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, PhaseTimers, RunnerHooks
+from tianji_jax.runtime.tianji.auto_schedule import AutoBalancer
+from tianji_jax.runtime.actors.host_actor import HostActor, host_policy, params_to_actor
+from tianji_jax.runtime.actors.host_normalize import SharedStatistics
+from tianji_jax.runtime.layouts.learner_groups import ParamAverager, is_sync_point
+from tianji_jax.runtime.tianji.param_store import ParamStore
+from tianji_jax.runtime.tianji.scheduled import ScheduledRunner
 from tianji_jax.buffers.schedule_file import ScheduleRecorder, load_schedule
 
 __all__ = ["AsyncOnPolicy", "placement", "resume_seed"]
@@ -74,13 +74,13 @@ def resume_seed(seed: int, env_steps: int, process: int = 0) -> int:
 
 def _distributed(config: OnPolicyConfig):
     """The multi-host module, after checking this process joined the job ``config`` describes."""
-    from tianji_jax.runtime import distributed as dist
+    from tianji_jax.runtime.layouts import distributed as dist
 
     if not dist.is_initialized() or (dist.process_count(), dist.process_index()) != (config.num_processes,
                                                                                       config.process_id):
         raise ValueError(
             f"num_processes={config.num_processes}, process_id={config.process_id}: this process has not joined "
-            "that jax.distributed job; call tianji_jax.runtime.distributed.initialize(coordinator, num_processes, "
+            "that jax.distributed job; call tianji_jax.runtime.layouts.distributed.initialize(coordinator, num_processes, "
             "process_id) before JAX starts (tianji train does it for --num-processes)")
     return dist
 
@@ -104,7 +104,7 @@ class AsyncOnPolicy:
     Learner groups (``config.num_learner_groups`` G > 1): G learner states, one per device of
     the last G devices (:attr:`group_devices`), all starting from the same params (PRNG keys
     folded with the group index); actor ``i`` feeds group ``i % G``; after an update at a sync
-    point (:func:`~tianji_jax.runtime.learner_groups.is_sync_point`) a group waits for the
+    point (:func:`~tianji_jax.runtime.layouts.learner_groups.is_sync_point`) a group waits for the
     others and continues from the mean params (:class:`ParamAverager`; optimizer states stay per
     group). The time a group waits there counts in ``update_s``.
 
@@ -127,15 +127,15 @@ class AsyncOnPolicy:
         averager: the :class:`ParamAverager` of the learner groups (None without groups).
         timers: cumulative seconds ``rollout_s`` (inference + env step, fused on the actor device),
             ``h2d_s`` (params to the actor device and trajectories to the learner device) and
-            ``update_s`` (learner update): a :class:`~tianji_jax.runtime.async_runtime.PhaseTimers`.
+            ``update_s`` (learner update): a :class:`~tianji_jax.runtime.tianji.async_runtime.PhaseTimers`.
         obs_rms: actor 0's newest observation statistics (gymnax actors); the run's shared
             statistics with host actors that normalise (None without normalisation).
         host_norm: host actors with ``normalize_observations`` / ``scale_rewards``: the run's
-            :class:`~tianji_jax.runtime.host_normalize.SharedStatistics`, merged from every
+            :class:`~tianji_jax.runtime.actors.host_normalize.SharedStatistics`, merged from every
             trajectory as it is produced (:meth:`to_learner`) and published with the params (the actors receive
             ``(params, statistics)``; several processes exchange theirs after each update, before the
             publication, so all publish the same); ``restore["norm"]`` (a
-            :class:`~tianji_jax.runtime.host_normalize.HostNormStats`) continues them. None otherwise.
+            :class:`~tianji_jax.runtime.actors.host_normalize.HostNormStats`) continues them. None otherwise.
         consumed_actor_states: per actor, its :class:`ActorState` right after its newest rollout
             the learner consumed (the actor half of a checkpoint cut; None for host actors).
     """
@@ -145,7 +145,7 @@ class AsyncOnPolicy:
         from tianji_jax.runtime.anakin import compile_key, jitted_inits, make_agent
 
         self.config = config
-        self.multi = config.num_processes > 1  # multi-host learners (runtime/distributed.py)
+        self.multi = config.num_processes > 1  # multi-host learners (runtime/layouts/distributed.py)
         groups = config.num_learner_groups
         if restore is not None and groups > 1:
             raise ValueError(f"resume of a run with learner groups (num_learner_groups={groups}) is not supported "
@@ -212,7 +212,7 @@ class AsyncOnPolicy:
                     dist.make_process_gather(self.mesh, self.learner_devices) if self.multi else None)
             try:
                 if config.actor_backend == "ray":
-                    from tianji_jax.runtime.ray_actors import RemoteActors
+                    from tianji_jax.runtime.actors.ray_actors import RemoteActors
 
                     self.remote = RemoteActors(config, lambda traj, i: self.to_learner(traj, i % groups, i),
                                                self.timers.since, seed=env_seed)
@@ -256,7 +256,7 @@ class AsyncOnPolicy:
                           max_policy_lag=config.policy_lag_bound,
                           queue_batches=config.queue_batches, stall_timeout_s=config.stall_timeout_s, store=store,
                           initial_version=start, num_groups=groups, hooks=hooks)
-            if config.replay_schedule is not None:  # actors act the recorded versions (runtime/scheduled.py)
+            if config.replay_schedule is not None:  # actors act the recorded versions (runtime/tianji/scheduled.py)
                 self.runner = ScheduledRunner(replay=load_schedule(config.replay_schedule), **runner)
             else:  # under 'auto': relaxed, its admission window tuned online by the balancer
                 self.runner = AsyncRunner(**runner)

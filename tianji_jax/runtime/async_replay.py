@@ -26,15 +26,15 @@ from tianji_jax.caches import register
 from tianji_jax.buffers.queues import TrajectoryItem
 from tianji_jax.algos.replay_agent import ReplayLearnerState, window_transitions
 from tianji_jax.runtime.async_on_policy import _distributed, placement, resume_seed
-from tianji_jax.runtime.async_runtime import RunnerHooks, PhaseTimers
-from tianji_jax.runtime.auto_schedule import AutoBalancer
-from tianji_jax.runtime import replay_sharded
-from tianji_jax.runtime.replay_runner import ReplayRunner
-from tianji_jax.runtime.host_actor import params_to_actor
-from tianji_jax.runtime.host_normalize import HostNormStats, MeanStd, SharedStatistics
+from tianji_jax.runtime.tianji.async_runtime import RunnerHooks, PhaseTimers
+from tianji_jax.runtime.tianji.auto_schedule import AutoBalancer
+from tianji_jax.runtime.layouts import replay_sharded
+from tianji_jax.runtime.tianji.replay_runner import ReplayRunner
+from tianji_jax.runtime.actors.host_actor import params_to_actor
+from tianji_jax.runtime.actors.host_normalize import HostNormStats, MeanStd, SharedStatistics
 from tianji_jax.algos.normalization import RunningMeanStd
-from tianji_jax.runtime.replay_host import ReplayHostActor
-from tianji_jax.runtime.learner_groups import ParamAverager, is_sync_point
+from tianji_jax.runtime.actors.replay_host import ReplayHostActor
+from tianji_jax.runtime.layouts.learner_groups import ParamAverager, is_sync_point
 
 __all__ = ["AsyncReplay", "ReplayRunner"]
 
@@ -47,7 +47,7 @@ class AsyncReplay:
 
     gymnax actors run the agent's :meth:`~tianji_jax.algos.replay_agent.ReplayAgent.rollout` on
     the actor device; envpool/gymnasium actors are
-    :class:`~tianji_jax.runtime.replay_host.ReplayHostActor` s (host env, the agent's acting step
+    :class:`~tianji_jax.runtime.actors.replay_host.ReplayHostActor` s (host env, the agent's acting step
     on the actor device, the same n-step window builder). Both hand ``(items, item_version, mask, stats)``
     chunks of ``num_envs * num_steps`` transitions to the replay ingress; on envpool Atari
     (``config.frame_replay``) host actors hand frame chunks instead, which the learner stores
@@ -70,9 +70,9 @@ class AsyncReplay:
     Learner groups (``config.num_learner_groups`` G > 1): G learner states on the last G devices
     (:attr:`group_devices`), all starting from the same params (learner keys folded with the
     group), each with its own replay of ``buffer_capacity / G`` transitions; actor ``i`` feeds
-    group ``i % G``; at a sync point (:func:`~tianji_jax.runtime.learner_groups.is_sync_point`)
+    group ``i % G``; at a sync point (:func:`~tianji_jax.runtime.layouts.learner_groups.is_sync_point`)
     a group waits for the others and continues from the mean online and target params
-    (:class:`~tianji_jax.runtime.learner_groups.ParamAverager`); optimizer states and replays
+    (:class:`~tianji_jax.runtime.layouts.learner_groups.ParamAverager`); optimizer states and replays
     stay per group.
 
     Raises:
@@ -89,7 +89,7 @@ class AsyncReplay:
         epsilon: mean exploration parameter (DQN: epsilon) over all envs of all actors (each
             actor's latest inserted chunk); reported under the agent's ``EXPLORE_METRIC``.
         host_actors: the :class:`ReplayHostActor` s (empty for gymnax); call :meth:`close` after the run.
-        timers: :class:`~tianji_jax.runtime.async_runtime.PhaseTimers`, cumulative seconds
+        timers: :class:`~tianji_jax.runtime.tianji.async_runtime.PhaseTimers`, cumulative seconds
             ``rollout_s``, ``h2d_s``, ``update_s`` (host envs: also ``inference_s``, ``env_step_s``).
     """
 
@@ -99,7 +99,7 @@ class AsyncReplay:
         self.config = config
         num_learners, groups = config.num_learner_devices, config.num_learner_groups
         procs = config.num_processes
-        self.multi = procs > 1  # multi-host learners (runtime/distributed.py, replay_sharded.make_multi_host_fns)
+        self.multi = procs > 1  # multi-host learners (runtime/layouts/distributed.py, replay_sharded.make_multi_host_fns)
         if restore is not None and groups > 1:
             raise ValueError(f"resume of a replay run with learner groups (num_learner_groups={groups}) is not "
                              "supported yet; allowed: resume runs with num_learner_groups=1")
@@ -129,7 +129,7 @@ class AsyncReplay:
                     _JIT_CACHE[skey] = replay_sharded.make_multi_host_fns(self.agent, self.learner_devices,
                                                                           global_learners)
                 mesh, global_mesh, place, self._insert, self._learn = _JIT_CACHE[skey]
-            elif num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/replay_sharded.py)
+            elif num_learners > 1:  # data-parallel learners: replay sharded by env (runtime/layouts/replay_sharded.py)
                 skey = (key, tuple(d.id for d in self.learner_devices))
                 if skey not in _JIT_CACHE:
                     _JIT_CACHE[skey] = replay_sharded.make_sharded_fns(self.agent, self.learner_devices)
@@ -197,7 +197,7 @@ class AsyncReplay:
                 env_seed = resume_seed(config.seed, int(restore["env_steps"]), jax.process_index() if self.multi else 0)
             try:
                 if config.actor_backend == "ray":
-                    from tianji_jax.runtime.ray_actors import RemoteActors
+                    from tianji_jax.runtime.actors.ray_actors import RemoteActors
 
                     self.remote = RemoteActors(config, self._remote_to_learner, self.timers.since, self._run_env_steps,
                                                seed=config.seed if env_seed is None else env_seed)

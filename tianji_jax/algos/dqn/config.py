@@ -44,7 +44,7 @@ class DQNConfig(ReplayConfig):
     With ``runtime='async'`` actor threads produce such iterations concurrently with the learner
     (the rate limiter holds the replay ratio); on host envs (envpool, gymnasium) each actor steps
     its envs on the host and acts with the Q-network on the actor device
-    (:mod:`tianji_jax.runtime.replay_host`).
+    (:mod:`tianji_jax.runtime.actors.replay_host`).
 
     All step counts are env steps (one transition of one environment) unless the field says
     "gradient updates". Derived quantities are properties: ``iteration_env_steps``,

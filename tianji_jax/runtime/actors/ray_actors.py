@@ -2,12 +2,12 @@
 
 Each remote actor is a Ray actor process (on any node of a Ray cluster) that owns a host env
 (envpool/gymnasium) and a CPU copy of the policy, and runs the same
-:class:`~tianji_jax.runtime.host_actor.HostActor` loop a local actor thread runs. The process
+:class:`~tianji_jax.runtime.actors.host_actor.HostActor` loop a local actor thread runs. The process
 builds that actor from the algorithm registered for the config (its ``host_actor`` factory,
 :class:`~tianji_jax.algos.registry.Algorithm`), so one worker serves every algorithm whose data
 path has host actors: PPO's trajectories and DQN's n-step transitions (or Atari frame chunks)
 alike. The learner
-process keeps the :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` unchanged: one thin
+process keeps the :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner` unchanged: one thin
 :class:`RayActorClient` per remote actor stands in for an actor thread's ``act(params, version)``,
 so admission control, the lag gate and the rate limiter all apply at the learner's ingress
 exactly as for local actors.
@@ -17,7 +17,7 @@ Transport (the design's ``publish`` / ``put`` / ``poll``):
 * ``publish(params, version)``: :class:`ParamPublisher` copies the params to host memory and
   ``ray.put``-s them once per version; every actor's rollout task takes that one object ref.
 * ``put(chunk, meta)``: a rollout task returns one chunk as host (numpy) arrays (PPO: the
-  ``(T, N)`` trajectory of :data:`~tianji_jax.runtime.chunker.CHUNK_KEYS`; DQN: its n-step
+  ``(T, N)`` trajectory of :data:`~tianji_jax.runtime.actors.chunker.CHUNK_KEYS`; DQN: its n-step
   transitions; every step stamped with the version it was acted with) plus its metadata
   (:class:`ChunkMeta`) through the object store.
 * ``poll()``: the client waits on the task with ``ray.wait`` in short slices, watching the
@@ -134,7 +134,7 @@ class _RolloutWorker:
         # learns of the death only from the next chunk's pid), so it mixes its pid in
         salt = os.getpid() if ray.get_runtime_context().was_current_actor_reconstructed else 0
         seed = (self.seed_base + (incarnation + salt) * cfg.num_actors * cfg.num_envs) % 2**32
-        from tianji_jax.runtime.async_runtime import PhaseTimers
+        from tianji_jax.runtime.tianji.async_runtime import PhaseTimers
 
         self.timers = PhaseTimers("rollout_s", "inference_s", "env_step_s", "h2d_s")
         make = algorithm_for(cfg).host_actor_fn()

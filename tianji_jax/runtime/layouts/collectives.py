@@ -2,7 +2,7 @@
 device state): the telemetry sum and the exchange of host-side statistics. Each builds a global
 array over the learner mesh's ``"data"`` axis from every process's local rows and reduces it in
 one compiled ``shard_map``; a call is a collective, so every process must make it in lockstep
-(the multi-host learners call them right after each update; :mod:`tianji_jax.runtime.distributed`).
+(the multi-host learners call them right after each update; :mod:`tianji_jax.runtime.layouts.distributed`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from tianji_jax.runtime.async_runtime import StallError
+from tianji_jax.runtime.tianji.async_runtime import StallError
 
 __all__ = ["ParamAverager", "is_sync_point", "tree_mean"]
 

@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tianji_jax.buffers import replay
-from tianji_jax.runtime.data_parallel import make_mesh
+from tianji_jax.runtime.layouts.data_parallel import make_mesh
 
 __all__ = ["init_sharded_replay", "split_by_env", "make_sharded_fns", "block_fns", "make_multi_host_fns"]
 
@@ -114,7 +114,7 @@ def block_fns(agent: Any, mesh: Mesh) -> tuple[Callable, Callable]:
         learner, rs, metrics = agent.learn(learner, local(rs), env_steps, axis_name="data", num_shards=num)
         return learner, stack(rs), metrics
 
-    # check_vma=False: pmap semantics (runtime/data_parallel.py): learn averages the gradients itself
+    # check_vma=False: pmap semantics (runtime/layouts/data_parallel.py): learn averages the gradients itself
     insert = jax.shard_map(insert_shard, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P("data"), check_vma=False)
     learn = jax.shard_map(learn_shard, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=(P(), P("data"), P()),
                           check_vma=False)
@@ -124,7 +124,7 @@ def block_fns(agent: Any, mesh: Mesh) -> tuple[Callable, Callable]:
 def make_multi_host_fns(agent: Any, local_devices: list, global_devices: list
                         ) -> tuple[Mesh, Mesh, Callable, Callable, Callable]:
     """``(local_mesh, global_mesh, place, insert, learn)`` for multi-host learners
-    (``jax.distributed``, :mod:`tianji_jax.runtime.distributed`).
+    (``jax.distributed``, :mod:`tianji_jax.runtime.layouts.distributed`).
 
     Layout: the data-parallel layout above over every process's learner devices. Each process
     keeps its own ``L`` replay shards (its own env columns) as arrays of its *local* mesh:
@@ -135,7 +135,7 @@ def make_multi_host_fns(agent: Any, local_devices: list, global_devices: list
     gradients averaged over every learner device of every process (each samples
     ``batch_size / (P * L)`` items from its own shard) and hands back the updated local shards
     (priorities) and the replicated learner state. Every process must call it the same number of
-    times in the same order (the lockstep rule of :mod:`~tianji_jax.runtime.distributed`).
+    times in the same order (the lockstep rule of :mod:`~tianji_jax.runtime.layouts.distributed`).
 
     ``learn(learner, replay_state, env_steps)``: ``learner`` replicated over the global mesh,
     ``replay_state`` local shards (donated), ``env_steps`` this process's estimate of the run's

@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tianji_jax.algos.config_checks import check_coordinator, loopback_ip  # re-exported: the config validates it too
-from tianji_jax.runtime.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
+from tianji_jax.runtime.layouts.collectives import make_counter_sum, make_process_gather  # noqa: F401 - re-exported
 
 __all__ = ["initialize", "is_initialized", "process_count", "process_index", "check_coordinator", "placement",
            "replicate", "to_global", "local_replica", "params_digest", "make_counter_sum", "make_process_gather", "Lockstep", "Watchdog", "supervise",
@@ -146,7 +146,7 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, heartbe
         return
     if xla_bridge.backends_are_initialized():
         raise RuntimeError("jax.distributed must be initialised before JAX's backend starts (before any array or "
-                           "config with a gymnax env is created): call tianji_jax.runtime.distributed.initialize(...) "
+                           "config with a gymnax env is created): call tianji_jax.runtime.layouts.distributed.initialize(...) "
                            "first, or launch with `tianji train --num-processes P --process-id I --coordinator H:P`")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     os.environ["TIANJI_PROCESS_ID"] = str(process_id)
@@ -284,14 +284,14 @@ def params_digest(tree: Any) -> str:
 
 
 class Lockstep:
-    """A runner's (an :class:`~tianji_jax.runtime.async_runtime.AsyncRunner`'s) telemetry made
+    """A runner's (an :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner`'s) telemetry made
     global and its stops agreed, as its ``hooks.lockstep``: every snapshot its learner takes after
     an update is summed over the processes (:func:`make_counter_sum`, inside a ``watchdog``
     section like the update itself), together with the number of processes whose caller asked to
     stop (``runner.stop_request``). When that number is > 0, every process's learner sets
     ``runner.stop`` after this same update, so none is left waiting in a collective the others
     never enter; a process that did not ask records the update in ``runner.stopped_by_peer`` (its
-    ``run`` raises :class:`~tianji_jax.runtime.async_runtime.PeerStoppedError`). A collective:
+    ``run`` raises :class:`~tianji_jax.runtime.tianji.async_runtime.PeerStoppedError`). A collective:
     snapshots are taken in lockstep (after each update, at the start and at the end of the run).
 
     Args:

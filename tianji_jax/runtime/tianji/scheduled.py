@@ -13,8 +13,8 @@ from typing import Any
 
 from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
 from tianji_jax.buffers.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_runtime import AsyncRunner, StallError
-from tianji_jax.runtime.param_store import ParamStore
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, StallError
+from tianji_jax.runtime.tianji.param_store import ParamStore
 from tianji_jax.buffers.schedule_file import Schedule
 
 __all__ = ["ScheduledRunner", "ScheduledQueue", "VersionedParamStore"]
@@ -151,7 +151,7 @@ class ScheduledQueue(TrajectoryQueue):
 
 
 class ScheduledRunner(AsyncRunner):
-    """An :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` that replays ``replay``: actor
+    """An :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner` that replays ``replay``: actor
     ``a``'s rollout ``r`` acts with exactly the recorded version (waiting for it to be published), the
     learner's update ``u`` consumes exactly the recorded rollout (:class:`ScheduledQueue`), and
     the run ends after the schedule's last update (or ``num_updates``, whichever comes first). An
@@ -159,7 +159,7 @@ class ScheduledRunner(AsyncRunner):
 
     Args:
         replay: the :class:`~tianji_jax.buffers.schedule_file.Schedule` to replay.
-        **kwargs: as :class:`~tianji_jax.runtime.async_runtime.AsyncRunner` (``schedule`` must
+        **kwargs: as :class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner` (``schedule`` must
             be ``"relaxed"``, which a config's ``'auto'`` also runs as: the others are
             deterministic already; one learner group).
 

@@ -2,7 +2,7 @@
 
 Each step the actor sends the observations of the envs awaiting an action to its device, runs the
 jitted policy there, brings the actions back and steps the host env; a
-:class:`~tianji_jax.runtime.chunker.TrajectoryChunker` turns the stream (reset steps dropped, any
+:class:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker` turns the stream (reset steps dropped, any
 env arrival order in envpool's async mode) into ``(T, N)`` trajectories, which go to the learner's
 device. envpool releases the GIL while it steps, so actor threads and the learner overlap
 (Hessel et al. 2021, "Podracer architectures for scalable RL", Sebulba).
@@ -21,9 +21,9 @@ import numpy as np
 from tianji_jax.algos.config_base import AgentConfig
 from tianji_jax.envs.host import HostStep
 from tianji_jax.envs.spaces import Box
-from tianji_jax.runtime.chunker import TrajectoryChunker
-from tianji_jax.runtime.envpool_rollout import EnvpoolRollout, compiled_rollout_unsupported
-from tianji_jax.runtime.host_normalize import HostNormalizer, MeanStd
+from tianji_jax.runtime.actors.chunker import TrajectoryChunker
+from tianji_jax.runtime.actors.envpool_rollout import EnvpoolRollout, compiled_rollout_unsupported
+from tianji_jax.runtime.actors.host_normalize import HostNormalizer, MeanStd
 
 __all__ = ["HostActor", "params_to_actor", "host_env_seed", "host_policy", "host_outputs", "make_host_evaluate", "on_policy_host_actor",
            "fold_key"]
@@ -91,7 +91,7 @@ def host_outputs(fn: Callable) -> Callable:
     microseconds a step less on a CPU device), and unpacked here to their shapes and dtypes. The
     round trip is exact for float32 outputs and for integer outputs below 2**24 in magnitude (action
     indices); ``fn`` must not return other dtypes. The returned callable's ``fn`` attribute is
-    ``fn`` itself (traceable: a compiled rollout, :mod:`tianji_jax.runtime.envpool_rollout`, runs it
+    ``fn`` itself (traceable: a compiled rollout, :mod:`tianji_jax.runtime.actors.envpool_rollout`, runs it
     inside its loop).
     """
     layout: list[tuple[tuple[int, ...], Any]] = []  # each out's trailing shape and dtype, from the first call
@@ -146,9 +146,9 @@ class HostActor:
             ``config.seed`` (a resumed run passes a fresh one: host env state is not checkpointed).
 
     With ``config.normalize_observations`` / ``config.scale_rewards`` (on-policy configs) the actor
-    owns a :class:`~tianji_jax.runtime.host_normalize.HostNormalizer`: the published params are
+    owns a :class:`~tianji_jax.runtime.actors.host_normalize.HostNormalizer`: the published params are
     then a pair ``(params, statistics)`` (the run's statistics, see
-    :mod:`tianji_jax.runtime.host_normalize`), observations are acted on and stored normalised
+    :mod:`tianji_jax.runtime.actors.host_normalize`), observations are acted on and stored normalised
     (float32), rewards stored scaled, and each trajectory carries the statistics folded in while
     producing it under the key ``"norm_delta"`` (host objects; the runtime takes it out before
     the trajectory goes to the learner's device).
@@ -159,7 +159,7 @@ class HostActor:
         env_steps: every env step taken, reset steps included.
         item_steps: env steps per returned trajectory, ``num_envs * num_steps``.
         compiled_reason: None when the actor steps its env in compiled blocks
-            (:class:`~tianji_jax.runtime.envpool_rollout.EnvpoolRollout`: an envpool sync-mode env
+            (:class:`~tianji_jax.runtime.actors.envpool_rollout.EnvpoolRollout`: an envpool sync-mode env
             with no host wrapper, a feed-forward policy without host normalisation, on the CPU;
             the trajectories are the Python loop's, step for step), else why it steps from Python.
 
@@ -172,7 +172,7 @@ class HostActor:
     column starts from the state the actor had there (acted with the trajectory's policy version).
 
     Subclasses change what is acted (:meth:`_act`) and what happens when leftovers are dropped
-    (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.replay_host.ReplayHostActor`) does both.
+    (:meth:`_discard`); DQN's actor (:class:`~tianji_jax.runtime.actors.replay_host.ReplayHostActor`) does both.
     A subclass whose learner keeps the statistics itself sets :attr:`HOST_STATISTICS` False.
     """
 
@@ -224,7 +224,7 @@ class HostActor:
 
         Returns:
             ``(traj, T * N)``: the trajectory dict of
-            :meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.pop` as arrays on the learner's
+            :meth:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker.pop` as arrays on the learner's
             device.
         """
         if self.normalizer is not None:  # the published pair: params and the run's statistics

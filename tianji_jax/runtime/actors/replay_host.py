@@ -3,8 +3,8 @@ the agent's behaviour policy (DQN: epsilon-greedy; SAC: its squashed Gaussian), 
 ``(T, N)`` chunks into exact n-step replay transitions.
 
 The env loop, reset-step handling and per-env chunk assembly are
-:class:`~tianji_jax.runtime.host_actor.HostActor`'s and
-:class:`~tianji_jax.runtime.chunker.TrajectoryChunker`'s, shared with PPO: envpool's reset steps
+:class:`~tianji_jax.runtime.actors.host_actor.HostActor`'s and
+:class:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker`'s, shared with PPO: envpool's reset steps
 (the step after an episode ends, whose action the env ignores) never become transitions, and every
 column of a chunk holds ``T`` consecutive transitions of one env with ``final_obs[t]`` the true
 successor of step ``t`` (the final observation on a terminated or truncated step). This module
@@ -53,7 +53,7 @@ import numpy as np
 
 from tianji_jax.envs.host import HostStep
 from tianji_jax.algos.replay_agent import HISTORY_KEYS, ReplayAgent, window_transitions
-from tianji_jax.runtime.host_actor import HostActor, fold_key
+from tianji_jax.runtime.actors.host_actor import HostActor, fold_key
 
 __all__ = ["HostNStep", "ReplayHostActor", "chunk_episode_stats", "replay_host_actor"]
 
@@ -103,7 +103,7 @@ class HostNStep:
         """Transitions of one chunk.
 
         Args:
-            chunk: :meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.pop`'s dict (``obs``,
+            chunk: :meth:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker.pop`'s dict (``obs``,
                 ``action``, ``reward``, ``terminated``, ``truncated``, ``final_obs``,
                 ``policy_version`` are read; leaves ``(T, N, ...)``), continuing the previous chunk
                 env by env.

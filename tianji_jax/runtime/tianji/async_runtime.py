@@ -18,7 +18,7 @@ Learner groups (``num_groups`` G > 1, TianJi's independent learners): G learner 
 its own ParamStore (its own policy version) and TrajectoryQueue; actor ``i`` feeds group
 ``i % G`` and acts with that group's params, so lag is always measured against the group that
 produced the params. Averaging params across groups is the learn function's business
-(:mod:`tianji_jax.runtime.learner_groups`); the schedules' one-actor rule applies per group.
+(:mod:`tianji_jax.runtime.layouts.learner_groups`); the schedules' one-actor rule applies per group.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from tianji_jax.buffers.queues import TrajectoryItem, TrajectoryQueue
 from tianji_jax.buffers.rate_limiter import RateLimiter
-from tianji_jax.runtime.param_store import ParamStore
+from tianji_jax.runtime.tianji.param_store import ParamStore
 
 __all__ = ["PhaseTimers", "AsyncRunner", "RunnerHooks", "StallError", "PeerStoppedError", "SCHEDULES", "Telemetry", "COMPILE_ALLOWANCE_S"]
 
@@ -149,11 +149,11 @@ class RunnerHooks:
             after a publication (the wiring's per-phase timers and its half of a checkpoint cut).
         recorder: a :class:`~tianji_jax.buffers.schedule_file.ScheduleRecorder` (one learner
             group): every update's consumed rollout and the rollouts the gate dropped before it.
-        balancer: an :class:`~tianji_jax.runtime.auto_schedule.AutoBalancer`, the ``auto``
+        balancer: an :class:`~tianji_jax.runtime.tianji.auto_schedule.AutoBalancer`, the ``auto``
             schedule's controller: started on the runner's buffers when the run starts, called
             after every update.
         lockstep: ``(runner, local) -> snapshot`` (multi-host,
-            :class:`~tianji_jax.runtime.distributed.Lockstep`): turns the local snapshot function
+            :class:`~tianji_jax.runtime.layouts.distributed.Lockstep`): turns the local snapshot function
             into the global one every process's learners agree on, stops included.
     """
 
@@ -378,7 +378,7 @@ class AsyncRunner:
             self.updates_done[group] += 1
             version += 1
             store.publish(params, version)
-            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/tianji/auto_schedule.py)
                 self.hooks.balancer.after_update(group, buffer, self.telemetry)
             self.events.put(("update", version, metrics, item, self.take_snapshot(), group))
         self.events.put(("done", version, None, None, self.take_snapshot(), group))
@@ -431,7 +431,7 @@ class AsyncRunner:
         Multi-host (:attr:`lockstep`): when the caller stops (``on_update`` returned True or
         raised) the learners do not stop at once, which would leave the other processes waiting in
         the next collective; the request rides on the next update's global telemetry sum, and every
-        process's learner stops after that same update (:class:`~tianji_jax.runtime.distributed.Lockstep`;
+        process's learner stops after that same update (:class:`~tianji_jax.runtime.layouts.distributed.Lockstep`;
         waited for up to ``stall_timeout_s`` + 30 s, then the threads are stopped anyway).
 
         Raises:
@@ -509,7 +509,7 @@ class AsyncRunner:
 
     def stop_agreed(self, by_peer: bool) -> None:
         """Multi-host: the processes agreed to stop after the update just published (called by the
-        learner thread from :class:`~tianji_jax.runtime.distributed.Lockstep`); ``by_peer``:
+        learner thread from :class:`~tianji_jax.runtime.layouts.distributed.Lockstep`); ``by_peer``:
         this process did not ask, so :meth:`run` raises :class:`PeerStoppedError`."""
         if by_peer:
             self.stopped_by_peer = self.start_version + sum(self.updates_done)

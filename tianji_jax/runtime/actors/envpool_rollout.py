@@ -1,12 +1,12 @@
 """A compiled host rollout: the policy and envpool's own XLA step in one jitted loop.
 
-A :class:`~tianji_jax.runtime.host_actor.HostActor` normally runs one jitted policy call per env
+A :class:`~tianji_jax.runtime.actors.host_actor.HostActor` normally runs one jitted policy call per env
 step from Python and steps the env between them; on a CPU device that call's fixed cost (dispatch
 and tiny-op overhead, 100-150 microseconds even for a 64x64 MLP) caps an actor at a fraction of
 what envpool can step. envpool exposes its step as an XLA custom call (``env.xla()``); with it,
 :class:`EnvpoolRollout` runs ``n`` steps of "act, step the envs" as one ``lax.fori_loop`` in one
 jitted call, and the host only assembles the block into trajectories
-(:meth:`~tianji_jax.runtime.chunker.TrajectoryChunker.record_block`).
+(:meth:`~tianji_jax.runtime.actors.chunker.TrajectoryChunker.record_block`).
 
 What the block computes is what the Python loop computes, step for step: the same acting function
 and key stream, the same env seeds and actions, and the auto-reset bookkeeping of

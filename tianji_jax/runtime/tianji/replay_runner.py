@@ -1,5 +1,5 @@
 """The TianJi runtime for the replay data path: :class:`ReplayRunner`, an
-:class:`~tianji_jax.runtime.async_runtime.AsyncRunner` whose learners drain a
+:class:`~tianji_jax.runtime.tianji.async_runtime.AsyncRunner` whose learners drain a
 :class:`~tianji_jax.buffers.queues.ReplayIngress` (lag gate at insert, samples-per-insert rate limiter)
 into learner-owned replay instead of consuming a trajectory queue. No math: the caller's
 ``insert`` and ``learn`` callables own the replay and the update (for DQN,
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from tianji_jax.buffers.queues import ReplayIngress, TrajectoryItem
 from tianji_jax.buffers.rate_limiter import RateLimiter
-from tianji_jax.runtime.async_runtime import AsyncRunner, RunnerHooks, StallError
+from tianji_jax.runtime.tianji.async_runtime import AsyncRunner, RunnerHooks, StallError
 
 __all__ = ["ReplayRunner"]
 
@@ -190,7 +190,7 @@ class ReplayRunner(AsyncRunner):
             with self.telemetry.span("learner_busy_s"):
                 params, metrics = self.learn(group, version)
             version += 1
-            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/auto_schedule.py)
+            if self.hooks.balancer is not None:  # the auto schedule's controller (runtime/tianji/auto_schedule.py)
                 self.hooks.balancer.after_update(group, buffer, self.telemetry)
             self._publish(group, version, params, metrics)
         self.events.put(("done", version, None, None, self.take_snapshot(), group))

@@ -66,7 +66,7 @@ class AutoBalancer:
             them, so the fraction divides by this).
         period: learner updates between decisions.
         clock: seconds, monotonic; must be the clock the telemetry's spans use (``time.perf_counter``,
-            as :class:`~tianji_jax.runtime.async_runtime.Telemetry` does), since open spans are read up
+            as :class:`~tianji_jax.runtime.tianji.async_runtime.Telemetry` does), since open spans are read up
             to its ``now``; tests inject a scripted one together with a telemetry fed on that clock.
 
     Attributes:
@@ -100,7 +100,7 @@ class AutoBalancer:
     def after_update(self, group: int, buffer: Any, telemetry: Any) -> None:
         """Called by ``group``'s learner thread after each of its updates: every ``period`` updates,
         decide from the waits since the previous decision (``telemetry``: the runner's
-        :class:`~tianji_jax.runtime.async_runtime.Telemetry`, summed over groups) and apply the change
+        :class:`~tianji_jax.runtime.tianji.async_runtime.Telemetry`, summed over groups) and apply the change
         to ``buffer``."""
         with self._lock:
             now = self.clock()

@@ -156,7 +156,7 @@ class SharedStatistics:
         restored: a :class:`HostNormStats` from a checkpoint to continue from (None: the prior).
         gather: several processes: ``f(values (K,) float64) -> (num_processes, K) float64``, every
             process's values in process order (a collective,
-            :func:`~tianji_jax.runtime.collectives.make_process_gather`); deltas then wait in
+            :func:`~tianji_jax.runtime.layouts.collectives.make_process_gather`); deltas then wait in
             :attr:`pending` until :meth:`exchange`. None: one process (deltas merge at once).
 
     Attributes:
