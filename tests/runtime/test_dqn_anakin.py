@@ -99,9 +99,9 @@ def test_make_dqn_train_refuses_an_async_config():
 
 def test_replay_memory_checked_before_allocation(monkeypatch):
     config = small()
-    monkeypatch.setattr(replay, "_free_host_bytes", lambda: config.replay_bytes - 1)
+    monkeypatch.setattr(replay.state, "_free_host_bytes", lambda: config.replay_bytes - 1)
     if jax.devices()[0].platform != "cpu":  # an accelerator's buffer is checked against its own memory
-        monkeypatch.setattr(replay, "_device_stats",
+        monkeypatch.setattr(replay.state, "_device_stats",
                             lambda device: {"bytes_limit": config.replay_bytes - 1, "bytes_in_use": 0})
     with pytest.raises(MemoryError, match=str(config.replay_bytes)):
         small(buffer_capacity=SMALL["buffer_capacity"])
