@@ -162,7 +162,7 @@ def _describe_env_layer(config: Any, normalised: str = "acted on and learned fro
     return f"; env layer: {'; '.join(parts)}" if parts else ""
 
 
-def _torso_text(config: Any) -> str:
+def torso_text(config: Any) -> str:
     """The network's torso as ``describe()`` states it (see :func:`tianji_jax.nets.networks.resolve_torso`)."""
     from tianji_jax.nets.networks import resolve_torso, torso_path
 

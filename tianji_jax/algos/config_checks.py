@@ -195,7 +195,7 @@ def _check_replay_layout(config: Any, frames: bool) -> None:
                          "is not sharded over data-parallel learners yet; allowed: num_learner_devices=1")
 
 
-def _check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
+def check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
     """The Atari fields of a DQN-family config (``episodic_life``, ``reward_clip``,
     ``repeat_action_probability``: only envpool Atari games may change them from ``defaults``) and
     whether the run stores stacked uint8 frames in the frame replay (returned), whose per-env ring
@@ -223,7 +223,7 @@ def _check_atari(config: Any, spec: EnvSpec, defaults: dict) -> bool:
     return frames
 
 
-def _check_distributional(config: Any) -> None:
+def check_distributional(config: Any) -> None:
     """The distributional head of a DQN-family config: ``distributional`` in ('none', 'c51',
     'qr'), ``num_atoms >= 2``, C51's ``v_min < v_max``, no Huber threshold (the losses are
     C51's cross-entropy and QR's quantile Huber loss with kappa 1)."""

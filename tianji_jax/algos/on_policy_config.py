@@ -347,11 +347,11 @@ class OnPolicyConfig(AgentConfig):
         / ``RecurrentQNetwork`` build them: an MLP torso is a one-layer embedding there and the MLP
         of ``hidden_sizes`` follows the core (``mlp_heads``, also after a small CNN); a Nature CNN
         or a user torso feeds ``linear_heads``."""
-        from tianji_jax.algos.config_base import _torso_text
+        from tianji_jax.algos.config_base import torso_text
         from tianji_jax.nets.networks import resolve_torso, torso_path
 
         if self.recurrent == "none":
-            return _torso_text(self)
+            return torso_text(self)
         torso = resolve_torso(self.torso, tuple(self.env_spec.observation_shape))
         auto = " (auto)" if self.torso == "auto" else ""
         first = (f"user torso {torso_path(torso)}" if callable(torso) else f"Nature CNN torso{auto}"

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.algos.config_base import check_bool, check_float, check_int, _torso_text
-from tianji_jax.algos.config_checks import _check_atari, _check_distributional
+from tianji_jax.algos.config_base import check_bool, check_float, check_int, torso_text
+from tianji_jax.algos.config_checks import check_atari, check_distributional
 from tianji_jax.envs.registry import ATARI_DEFAULTS, EnvSpec
 
 __all__ = ["DQNConfig"]
@@ -178,10 +178,10 @@ class DQNConfig(ReplayConfig):
             raise ValueError(f"env: DQN needs a Discrete action space, got {spec.action_space!r}")
 
     def _check_env(self, spec: EnvSpec) -> bool:
-        return _check_atari(self, spec, _ATARI_FIELD_DEFAULTS)
+        return check_atari(self, spec, _ATARI_FIELD_DEFAULTS)
 
     def _check_head(self) -> None:
-        _check_distributional(self)
+        check_distributional(self)
 
     def derived_extra(self) -> dict[str, Any]:
         """``epsilon_decay_steps`` for ``config.json``."""
@@ -241,7 +241,7 @@ class DQNConfig(ReplayConfig):
                    f"N = {self.num_actors * self.num_envs} envs of all actors")
         return (
             f"{variant} ({self.n_step}-step) on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> "
-            f"{_torso_text(self)}, action {spec.action_space!r}): {self._describe_iterations()}; "
+            f"{torso_text(self)}, action {spec.action_space!r}): {self._describe_iterations()}; "
             f"{'prioritised' if self.prioritized else 'uniform'} replay of "
             f"{self.buffer_capacity} transitions ({self._describe_replay()}); {target}; {explore}"
             + self._describe_runtime("greedy")

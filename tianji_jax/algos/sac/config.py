@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar
 import tyro
 
 from tianji_jax.algos.replay_config import ReplayConfig
-from tianji_jax.algos.config_base import check_bool, check_float, _torso_text
+from tianji_jax.algos.config_base import check_bool, check_float, torso_text
 from tianji_jax.envs.registry import EnvSpec
 
 __all__ = ["SACConfig"]
@@ -128,7 +128,7 @@ class SACConfig(ReplayConfig):
         alpha = (f"temperature learned from {self.init_alpha} towards entropy {self.target_entropy_value:g}"
                  if self.autotune else f"fixed temperature {self.init_alpha}")
         return (f"SAC ({self.n_step}-step) on {spec.name} ({spec.backend}; obs {spec.observation_shape} -> "
-                f"{_torso_text(self)}, action {spec.action_space!r}): {self._describe_iterations()}; uniform replay "
+                f"{torso_text(self)}, action {spec.action_space!r}): {self._describe_iterations()}; uniform replay "
                 f"of {self.buffer_capacity} transitions ({self.replay_bytes / 2**20:.1f} MiB); twin critics with "
                 f"Polyak targets tau={self.tau}; {alpha}; uniform random actions for the first "
                 f"{self.learning_starts} env steps" + self._describe_runtime())
